@@ -1,0 +1,70 @@
+# nodelb — `make demo` runs the lab demo, `make test` runs every test tier.
+# Both set up what they need first (Debian packages, the virtualenv, the Kubernetes binaries);
+# every set-up step is idempotent and quick when already done.
+SHELL := /bin/bash
+include versions.env
+
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+CACHE ?= $(HOME)/.cache/nodelb
+KUBE_BIN := $(CACHE)/k8s/$(KUBE_VERSION)
+ETCD_BIN := $(CACHE)/etcd/$(ETCD_VERSION)
+export NODELB_KUBE_BIN := $(KUBE_BIN)
+export NODELB_ETCD_BIN := $(ETCD_BIN)
+
+APT_PACKAGES := nftables libnftables1 python3-nftables iproute2 keepalived conntrack tcpdump \
+	socat iputils-ping arping ndisc6 openssl shellcheck procps
+
+.PHONY: test demo setup deps venv kube lint typecheck unit kernel e2e bench clean
+
+test: setup lint typecheck
+	$(VPY) -m pytest tests
+
+demo: setup
+	$(VENV)/bin/nodelb lab demo
+
+setup: deps venv kube
+
+# Debian packages: install only when one is missing, so a warm run does no apt work.
+deps:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:" $$missing; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+venv: $(VENV)/.stamp
+
+# The nftables bindings are Debian's (pure Python over libnftables1 via ctypes, not on PyPI):
+# link just that package into the virtualenv instead of exposing all system site-packages.
+$(VENV)/.stamp: pyproject.toml
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e '.[dev]'
+	ln -sfn /usr/lib/python3/dist-packages/nftables \
+	  "$$($(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nftables"
+	$(VPY) -c 'import nftables, pyroute2, kubernetes, orjson, prometheus_client'
+	touch $@
+
+kube:
+	./scripts/build-kube.sh >/dev/null
+
+lint: venv
+	$(VENV)/bin/ruff check agent rules tests bench
+	$(VENV)/bin/ruff format --check agent rules tests bench
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+unit: venv
+	$(VPY) -m pytest tests/unit
+
+kernel: setup
+	$(VPY) -m pytest tests/kernel
+
+e2e: setup
+	$(VPY) -m pytest tests/e2e
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
