@@ -1,0 +1,190 @@
+"""List+watch one resource into a Store, parsing raw responses with orjson.
+
+The shell around agent/kube/store.py: paginated list, then watch from the list's
+resourceVersion with bookmarks; a 410 Gone (expired resourceVersion) relists, any other
+failure reconnects with exponential backoff from the last resourceVersion seen. Raw bytes are
+parsed with orjson and never through the client's model classes (see docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, Protocol, TypeVar
+
+import orjson
+
+from agent.kube.store import Change, EventType, Store, resource_version
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+class RawResponse(Protocol):
+    """The part of urllib3's HTTPResponse the reflector uses."""
+
+    status: int
+    data: bytes
+
+    def stream(self, amt: int) -> Iterator[bytes]: ...
+
+    def release_conn(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# A typed list call of the official client (e.g. CoreV1Api.list_service_for_all_namespaces),
+# called with _preload_content=False so it returns the raw HTTP response.
+ListFn = Callable[..., RawResponse]
+
+
+class GoneError(Exception):
+    """The resourceVersion we watch from has expired (HTTP 410): a relist is needed."""
+
+
+class Backoff:
+    """Exponential backoff with a cap: next() returns the delay to wait, reset() on success."""
+
+    def __init__(self, initial: float = 0.2, cap: float = 10.0) -> None:
+        self.initial = initial
+        self.cap = cap
+        self._next = initial
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self.cap, self._next * 2)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self.initial
+
+
+def iter_lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Yield complete newline-terminated lines from a chunked byte stream."""
+    buf = b""
+    for chunk in chunks:
+        buf += chunk
+        while (nl := buf.find(b"\n")) >= 0:
+            line, buf = buf[:nl], buf[nl + 1 :]
+            if line.strip():
+                yield line
+    if buf.strip():
+        yield buf
+
+
+class Reflector(Generic[T]):
+    """Keeps `store` equal to the API server's view of one resource; reports every change.
+
+    `on_changes` is called from the reflector's thread with the changes of one list or one
+    watch event. `synced` is set once the first list has been stored.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        list_fn: ListFn,
+        store: Store[T],
+        on_changes: Callable[[list[Change[T]]], None],
+        page_size: int = 500,
+        watch_timeout: int = 300,
+        backoff: Backoff | None = None,
+        on_restart: Callable[[str], None] | None = None,
+    ) -> None:
+        self.name = name
+        self._list_fn = list_fn
+        self._store = store
+        self._on_changes = on_changes
+        self._page_size = page_size
+        self._watch_timeout = watch_timeout
+        self._backoff = backoff or Backoff()
+        self._on_restart = on_restart or (lambda reason: None)
+        self._rv: str | None = None
+        self._resp: RawResponse | None = None
+        self.synced = threading.Event()
+
+    def run(self, stop: threading.Event) -> None:
+        """List and watch until `stop` is set; never raises."""
+        while not stop.is_set():
+            try:
+                if self._rv is None:
+                    self._relist()
+                self._watch(stop)
+                self._backoff.reset()
+            except GoneError:
+                log.info("%s: resourceVersion expired, relisting", self.name)
+                self._rv = None
+                self._on_restart("gone")
+            except Exception as exc:
+                if stop.is_set():
+                    break
+                delay = self._backoff.next()
+                log.warning("%s: watch failed (%s); retrying in %.1fs", self.name, exc, delay)
+                self._on_restart("error")
+                stop.wait(delay)
+
+    def close(self) -> None:
+        """Abort an in-flight watch so run() notices its stop event promptly."""
+        resp = self._resp
+        if resp is not None:
+            resp.close()
+
+    def _call(self, **kwargs: Any) -> RawResponse:
+        resp = self._list_fn(_preload_content=False, **kwargs)
+        if resp.status == 410:
+            raise GoneError
+        if resp.status >= 400:
+            raise RuntimeError(f"HTTP {resp.status}: {resp.data[:300]!r}")
+        return resp
+
+    def _relist(self) -> None:
+        items: list[Any] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": self._page_size, "_request_timeout": 60}
+            if token:
+                kwargs["_continue"] = token
+            body = orjson.loads(self._call(**kwargs).data)
+            items.extend(body.get("items") or [])
+            token = (body.get("metadata") or {}).get("continue")
+            if not token:
+                break
+        changes = self._store.replace(items)
+        self._rv = resource_version(body)
+        self.synced.set()
+        if changes:
+            self._on_changes(changes)
+
+    def _watch(self, stop: threading.Event) -> None:
+        resp = self._call(
+            watch=True,
+            resource_version=self._rv,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self._watch_timeout,
+            _request_timeout=(10, self._watch_timeout + 30),
+        )
+        self._resp = resp
+        try:
+            for line in iter_lines(resp.stream(65536)):
+                if stop.is_set():
+                    return
+                self._handle(orjson.loads(line))
+        finally:
+            self._resp = None
+            resp.release_conn()
+
+    def _handle(self, event: dict[str, Any]) -> None:
+        kind = EventType(event.get("type", "ERROR"))
+        obj = event.get("object") or {}
+        if kind is EventType.ERROR:
+            if obj.get("code") == 410:
+                raise GoneError
+            raise RuntimeError(f"watch error: {obj.get('message', obj)}")
+        rv = resource_version(obj)
+        if kind is not EventType.BOOKMARK:
+            change = self._store.apply(kind, obj)
+            if change is not None:
+                self._on_changes([change])
+        if rv:
+            self._rv = rv
