@@ -1,0 +1,174 @@
+"""The agent's configuration: a YAML/JSON file (mounted from a ConfigMap) plus flags.
+
+Validation happens here, once, with errors that name the offending key, so nothing past this
+module sees a string where an address or a number belongs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.model import IPNetwork
+from agent.policy import DEFAULT_CLASS
+
+DEFAULT_METRICS_ADDRESS = "0.0.0.0:9472"
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key and the bad value."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """A named block of LoadBalancer addresses (the agent needs them for the externalIP check)."""
+
+    name: str
+    networks: tuple[IPNetwork, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SyncTiming:
+    """How changes are batched into nft transactions, and how often state is re-checked."""
+
+    min_interval: float = 0.05  # seconds between two syncs, so bursts coalesce
+    max_delay: float = 0.5  # a change waits at most this long for its sync
+    full_resync_period: float = 300.0
+    drift_check_period: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """Everything `nodelb agent` needs to know; see docs/configuration.md."""
+
+    node_name: str = ""
+    lb_class: str = DEFAULT_CLASS
+    handle_classless: bool = True
+    external_ip_cidrs: tuple[IPNetwork, ...] = ()
+    local_cidrs: tuple[IPNetwork, ...] = ()  # empty: taken from the Node's spec.podCIDRs
+    pools: tuple[Pool, ...] = ()
+    serve_all_ips: bool = True  # hold every LoadBalancer IP (until election decides)
+    sync: SyncTiming = field(default_factory=SyncTiming)
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
+
+
+def _networks(value: Any, key: str) -> tuple[IPNetwork, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: expected a list of CIDRs, got {value!r}")
+    out: list[IPNetwork] = []
+    for i, item in enumerate(value):
+        try:
+            out.append(ipaddress.ip_network(str(item), strict=True))
+        except ValueError as exc:
+            raise ConfigError(f"{key}[{i}]: {item!r} is not a CIDR ({exc})") from None
+    return tuple(out)
+
+
+def parse_address_block(text: str, key: str) -> tuple[IPNetwork, ...]:
+    """Return the networks covering a CIDR ("198.18.0.0/24") or a range ("a.b.c.d-e.f.g.h")."""
+    try:
+        if "-" in text:
+            first_s, last_s = (p.strip() for p in text.split("-", 1))
+            first, last = ipaddress.ip_address(first_s), ipaddress.ip_address(last_s)
+            if first.version != last.version or int(first) > int(last):
+                raise ValueError("range ends must be one family, first <= last")
+            return tuple(ipaddress.summarize_address_range(first, last))
+        return (ipaddress.ip_network(text.strip(), strict=True),)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {text!r} is not a CIDR or address range ({exc})") from None
+
+
+def _pools(value: Any) -> tuple[Pool, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError(f"pools: expected a list, got {value!r}")
+    pools: list[Pool] = []
+    for i, item in enumerate(value):
+        if not isinstance(item, Mapping) or not item.get("name"):
+            raise ConfigError(f"pools[{i}]: each pool needs a name")
+        nets: list[IPNetwork] = []
+        for j, block in enumerate(item.get("addresses") or []):
+            nets.extend(parse_address_block(str(block), f"pools[{i}].addresses[{j}]"))
+        if not nets:
+            raise ConfigError(f"pools[{i}] ({item['name']}): no addresses")
+        pools.append(Pool(name=str(item["name"]), networks=tuple(nets)))
+    return tuple(pools)
+
+
+def _seconds(raw: Mapping[str, Any], key: str, default: float) -> float:
+    value = raw.get(key, default)
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"sync.{key}: expected a non-negative number of seconds, got {value!r}")
+    return float(value)
+
+
+KNOWN_KEYS = {
+    "nodeName",
+    "loadBalancerClass",
+    "handleClasslessServices",
+    "externalIPCIDRs",
+    "localCIDRs",
+    "pools",
+    "serveAllIPs",
+    "sync",
+    "metricsAddress",
+}
+
+
+def parse_config(raw: Mapping[str, Any]) -> AgentConfig:
+    """Return the validated AgentConfig for a parsed config document."""
+    unknown = set(raw) - KNOWN_KEYS
+    if unknown:
+        raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
+    sync_raw = raw.get("sync") or {}
+    if not isinstance(sync_raw, Mapping):
+        raise ConfigError(f"sync: expected a mapping, got {sync_raw!r}")
+    d = SyncTiming()
+    sync = SyncTiming(
+        min_interval=_seconds(sync_raw, "minInterval", d.min_interval),
+        max_delay=_seconds(sync_raw, "maxDelay", d.max_delay),
+        full_resync_period=_seconds(sync_raw, "fullResyncPeriod", d.full_resync_period),
+        drift_check_period=_seconds(sync_raw, "driftCheckPeriod", d.drift_check_period),
+    )
+    if sync.max_delay < sync.min_interval:
+        raise ConfigError("sync.maxDelay must be at least sync.minInterval")
+    lb_class = raw.get("loadBalancerClass", DEFAULT_CLASS)
+    if not isinstance(lb_class, str) or "/" not in lb_class:
+        raise ConfigError(
+            f"loadBalancerClass: {lb_class!r} must be a label-style name such as {DEFAULT_CLASS}"
+        )
+    return AgentConfig(
+        node_name=str(raw.get("nodeName") or ""),
+        lb_class=lb_class,
+        handle_classless=bool(raw.get("handleClasslessServices", True)),
+        external_ip_cidrs=_networks(raw.get("externalIPCIDRs"), "externalIPCIDRs"),
+        local_cidrs=_networks(raw.get("localCIDRs"), "localCIDRs"),
+        pools=_pools(raw.get("pools")),
+        serve_all_ips=bool(raw.get("serveAllIPs", True)),
+        sync=sync,
+        metrics_address=str(raw.get("metricsAddress", DEFAULT_METRICS_ADDRESS)),
+    )
+
+
+def load_config(path: Path | None, *, node_name: str | None = None) -> AgentConfig:
+    """Return the validated config from `path` (None: defaults); node name else $NODE_NAME."""
+    raw: Any = {}
+    if path is not None:
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: cannot read configuration: {exc}") from None
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{path}: the configuration must be a mapping")
+    cfg = parse_config(raw)
+    name = node_name or cfg.node_name or os.environ.get("NODE_NAME", "")
+    return replace(cfg, node_name=name)
