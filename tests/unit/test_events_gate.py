@@ -1,0 +1,48 @@
+"""The Event gate: repeats inside the window are dropped, new messages always pass."""
+
+from __future__ import annotations
+
+from agent.kube.events import Event, EventGate, KubeEventSink, ObjectRef
+
+REF = ObjectRef(kind="Service", namespace="ns", name="web", uid="u1")
+
+
+def warning(message: str) -> Event:
+    return Event(REF, "Warning", "ExternalIPRefused", message)
+
+
+def test_a_repeat_inside_the_window_is_dropped_and_passes_after_it() -> None:
+    gate = EventGate(window=60)
+    assert gate.admit(warning("a"), now=0)
+    assert not gate.admit(warning("a"), now=59)
+    assert gate.admit(warning("a"), now=61)
+
+
+def test_a_new_message_or_object_passes_at_once() -> None:
+    gate = EventGate(window=60)
+    assert gate.admit(warning("a"), now=0)
+    assert gate.admit(warning("b"), now=1)
+    other = Event(ObjectRef("Service", "ns", "db", "u2"), "Warning", "ExternalIPRefused", "a")
+    assert gate.admit(other, now=2)
+
+
+def test_forgetting_an_object_lets_its_events_through_again() -> None:
+    gate = EventGate(window=60)
+    assert gate.admit(warning("a"), now=0)
+    gate.forget("ns", "web")
+    assert gate.admit(warning("a"), now=1)
+
+
+def test_event_body_names_the_object_and_truncates_long_messages() -> None:
+    sink = KubeEventSink(None, component="nodelb-agent", host="node-1")
+    body = sink.body(warning("x" * 5000))
+    assert body["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "namespace": "ns",
+        "name": "web",
+        "uid": "u1",
+    }
+    assert body["type"] == "Warning"
+    assert len(body["message"]) == 1024
+    assert body["metadata"]["name"].startswith("web.")
