@@ -1,7 +1,8 @@
 """Session-wide guard: the test run must leave the root network namespace exactly as it was.
 
 Kernel and e2e tests build their own namespaces; this check fails the session if any nft rule,
-address, route, link or namespace in the root namespace differs at the end.
+address, route or link in the root namespace differs at the end, or if a namespace this
+process created is still there.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from agent.lab import netns
 from tests import rootns
 
 
@@ -23,4 +25,6 @@ def root_namespace_unchanged() -> Iterator[None]:
     before = rootns.take()
     yield
     diffs = before.differences(rootns.take())
+    if netns.CREATED:
+        diffs.append(f"network namespaces left behind: {sorted(netns.CREATED)}")
     assert not diffs, "the test run changed the root network namespace:\n" + "\n".join(diffs)

@@ -1,7 +1,7 @@
 """Snapshot of what the root network namespace holds, to prove the test run left it alone.
 
-Only reads: `nft list ruleset`, `ip addr`, `ip route`, `ip link` and `ip netns list` in the
-root namespace. The session-end check in tests/conftest.py compares two snapshots.
+Only reads: `nft list ruleset`, `ip addr`, `ip route` and `ip link` in the root namespace.
+The session-end check in tests/conftest.py compares two snapshots.
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class RootSnapshot:
-    """The root namespace's nft ruleset, addresses, routes, links and the namespace names."""
+    """The root namespace's nft ruleset, addresses, routes and links."""
 
     ruleset: str
     addresses: frozenset[tuple[str, str, str, int]]
     routes: frozenset[tuple[str, ...]]
     links: frozenset[str]
-    namespaces: frozenset[str]
 
     def differences(self, later: RootSnapshot) -> list[str]:
         """Return one line per difference between this snapshot and `later` (empty if none)."""
@@ -28,7 +27,7 @@ class RootSnapshot:
             out.append(
                 f"nft ruleset changed:\n--- before\n{self.ruleset}\n--- after\n{later.ruleset}"
             )
-        for name in ("addresses", "routes", "links", "namespaces"):
+        for name in ("addresses", "routes", "links"):
             before, after = getattr(self, name), getattr(later, name)
             if added := sorted(map(str, after - before)):
                 out.append(f"{name} added: {added}")
@@ -57,11 +56,9 @@ def take() -> RootSnapshot:
                 )
             )
     links = {link["ifname"] for link in json.loads(_cmd("ip", "-j", "link", "show"))}
-    namespaces = {line.split()[0] for line in _cmd("ip", "netns", "list").splitlines() if line}
     return RootSnapshot(
         ruleset=_cmd("nft", "list", "ruleset"),
         addresses=frozenset(addresses),
         routes=frozenset(routes),
         links=frozenset(links),
-        namespaces=frozenset(namespaces),
     )

@@ -17,6 +17,11 @@ from pathlib import Path
 
 NETNS_DIR = Path("/run/netns")
 
+# Every namespace this process created and has not deleted yet: the test session's end check
+# asserts this is empty, so a leaked namespace fails the run (other processes' labs, such as a
+# demo running beside the tests, are not this process's business).
+CREATED: set[str] = set()
+
 
 class NetnsError(RuntimeError):
     """A namespace command failed; the message carries the command and its stderr."""
@@ -32,6 +37,7 @@ def create(name: str) -> None:
     if exists(name):
         raise NetnsError(f"network namespace {name!r} already exists")
     _ip("netns", "add", name)
+    CREATED.add(name)
     run(name, ["ip", "link", "set", "lo", "up"])
 
 
@@ -52,6 +58,7 @@ def delete(name: str, *, grace: float = 2.0) -> None:
     Idempotent: a missing namespace is not an error.
     """
     if not exists(name):
+        CREATED.discard(name)
         return
     for sig in (signal.SIGTERM, signal.SIGKILL):
         left = pids(name)
@@ -64,6 +71,8 @@ def delete(name: str, *, grace: float = 2.0) -> None:
         while pids(name) and time.monotonic() < deadline:
             time.sleep(0.05)
     subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+    if not exists(name):
+        CREATED.discard(name)
 
 
 def run(
