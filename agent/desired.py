@@ -1,0 +1,204 @@
+"""This node's DesiredState from the cluster's Services, EndpointSlices and Nodes (pure).
+
+`service_frontends` turns one Service (and its slices) into the frontends this node programs
+plus the problems worth an Event; `assemble` joins every Service's result into one
+DesiredState, settling conflicts (two Services claiming one IP:port: the older keeps it).
+The agent recomputes only the Services that changed and reuses the other results, so a
+change to one Service costs one Service's work.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from agent.endpoints import IPFamily, PortKey, ServiceEndpoint, Slice, merge_slices
+from agent.model import DesiredState, Endpoint, Frontend, FrontendKey, IPAddress, IPNetwork
+from agent.policy import check_external_ips, classify, is_ours
+from agent.selection import select
+from agent.services import InvalidService, Service
+
+
+class ProblemReason(enum.StrEnum):
+    """Why (part of) a Service is not served; the value is the Event reason."""
+
+    INVALID_SERVICE = "InvalidService"
+    EXTERNAL_IP_REFUSED = "ExternalIPRefused"
+    PORT_MISMATCH = "EndpointPortMismatch"
+    FRONTEND_CONFLICT = "FrontendConflict"
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Something wrong with a Service, for a Warning Event and a metric."""
+
+    reason: ProblemReason
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """What selection needs to know about this node."""
+
+    name: str
+    zone: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyView:
+    """The configuration the desired-state computation depends on."""
+
+    lb_class: str
+    handle_classless: bool
+    external_ip_cidrs: tuple[IPNetwork, ...]
+    pool_networks: tuple[IPNetwork, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceResult:
+    """One Service's contribution: its frontends, its LoadBalancer IPs and its problems.
+
+    `lb_ips` are the Service's LoadBalancer ingress IPs that nodelb serves (candidates to be
+    held by a node); externalIPs are routed to nodes by the operator and never held.
+    """
+
+    key: str
+    created: str
+    uid: str
+    frontends: tuple[Frontend, ...] = ()
+    lb_ips: tuple[IPAddress, ...] = ()
+    problems: tuple[Problem, ...] = ()
+
+
+def _family(ip: IPAddress) -> IPFamily:
+    return IPFamily.IPV4 if ip.version == 4 else IPFamily.IPV6
+
+
+def _targets(endpoints: Sequence[ServiceEndpoint]) -> tuple[Endpoint, ...]:
+    return tuple(sorted({ep.target for ep in endpoints}))
+
+
+def service_frontends(
+    svc: Service | InvalidService,
+    slices: Iterable[Slice],
+    *,
+    node: NodeView,
+    policy: PolicyView,
+    allocated_to: Mapping[IPAddress, str],
+) -> ServiceResult:
+    """Return the frontends this node programs for `svc`, and the problems to report.
+
+    LoadBalancer ingress IPs count only for Services of our class; externalIPs count for any
+    Service type when the allow-list admits them. Source ranges apply to LoadBalancer IPs only
+    and, as in kube-proxy, only ranges of the frontend's own family are enforced.
+    """
+    if isinstance(svc, InvalidService):
+        return ServiceResult(
+            key=svc.key,
+            created="",
+            uid=svc.uid,
+            problems=(Problem(ProblemReason.INVALID_SERVICE, svc.reason),),
+        )
+    problems: list[Problem] = []
+    lb_ips: tuple[IPAddress, ...] = ()
+    if is_ours(classify(svc, lb_class=policy.lb_class, handle_classless=policy.handle_classless)):
+        lb_ips = svc.ingress_ips
+    ext = check_external_ips(
+        svc,
+        allowed=policy.external_ip_cidrs,
+        pools=policy.pool_networks,
+        allocated_to=allocated_to,
+    )
+    problems.extend(Problem(ProblemReason.EXTERNAL_IP_REFUSED, r.message) for r in ext.refused)
+    targets = [(ip, True) for ip in lb_ips] + [(ip, False) for ip in ext.accepted]
+    if not targets:
+        return ServiceResult(svc.key, svc.created, svc.uid, problems=tuple(problems))
+
+    slice_list = list(slices)
+    merged = merge_slices(slice_list)
+    slice_port_names = {p.name for s in slice_list for p in s.ports}
+    frontends: list[Frontend] = []
+    for port in svc.ports:
+        if slice_list and slice_port_names and port.name not in slice_port_names:
+            problems.append(
+                Problem(
+                    ProblemReason.PORT_MISMATCH,
+                    f"no EndpointSlice port is named {port.name!r} (Service port {port.port}/"
+                    f"{port.protocol.value.upper()}); slices name {sorted(slice_port_names)}",
+                )
+            )
+        for ip, is_lb in targets:
+            endpoints = merged.get(PortKey(_family(ip), port.name, port.protocol), ())
+            sel = select(
+                endpoints, node_name=node.name, node_zone=node.zone, local_policy=svc.local_policy
+            )
+            cluster = _targets(sel.cluster)
+            external = _targets(sel.local) if sel.local is not None else cluster
+            ranges = tuple(r for r in svc.source_ranges if r.version == ip.version) if is_lb else ()
+            frontends.append(
+                Frontend(
+                    service=svc.key,
+                    key=FrontendKey(ip, port.protocol, port.port),
+                    endpoints=external,
+                    cluster_endpoints=cluster,
+                    local_only=svc.local_policy,
+                    source_ranges=ranges,
+                    affinity_timeout=svc.affinity_timeout,
+                )
+            )
+    return ServiceResult(
+        key=svc.key,
+        created=svc.created,
+        uid=svc.uid,
+        frontends=tuple(frontends),
+        lb_ips=lb_ips,
+        problems=tuple(problems),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Assembly:
+    """The DesiredState, plus the conflict problems found while assembling, by Service key."""
+
+    desired: DesiredState
+    conflicts: dict[str, tuple[Problem, ...]]
+
+
+def assemble(
+    results: Iterable[ServiceResult],
+    *,
+    held_ips: frozenset[IPAddress],
+    local_cidrs: tuple[IPNetwork, ...],
+) -> Assembly:
+    """Return the DesiredState for every Service's result.
+
+    When two Services claim the same (IP, protocol, port), the older Service (creation time,
+    then UID) keeps it and the other gets a FRONTEND_CONFLICT problem; nothing is programmed
+    twice. `held_ips` are the IPs this node holds (only those of programmed frontends count).
+    """
+    ordered = sorted(results, key=lambda r: (r.created, r.uid, r.key))
+    frontends: dict[FrontendKey, Frontend] = {}
+    conflicts: dict[str, list[Problem]] = {}
+    for result in ordered:
+        for fe in result.frontends:
+            owner = frontends.get(fe.key)
+            if owner is not None and owner.service != fe.service:
+                conflicts.setdefault(result.key, []).append(
+                    Problem(
+                        ProblemReason.FRONTEND_CONFLICT,
+                        f"{fe.key.ip} {fe.key.protocol.value.upper()}/{fe.key.port} is already "
+                        f"served for {owner.service}",
+                    )
+                )
+                continue
+            frontends[fe.key] = fe
+    programmed_ips = {key.ip for key in frontends}
+    return Assembly(
+        desired=DesiredState(
+            frontends=frontends,
+            held_ips=frozenset(ip for ip in held_ips if ip in programmed_ips),
+            local_cidrs=local_cidrs,
+        ),
+        conflicts={k: tuple(v) for k, v in conflicts.items()},
+    )
