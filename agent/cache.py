@@ -1,0 +1,91 @@
+"""The agent's view of the cluster: parsed Services, EndpointSlices by Service, and Nodes.
+
+Pure bookkeeping over agent/kube/store.py changes: each `on_*` call updates the indexes and
+returns the Service keys whose frontends must be recomputed, so a changed EndpointSlice
+costs one Service's work, not a full rebuild.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agent.endpoints import SERVICE_NAME_LABEL, Slice, parse_slice
+from agent.kube.store import Change, Store
+from agent.services import InvalidService, Node, Service, parse_node, parse_service
+
+
+@dataclass(frozen=True, slots=True)
+class BadSlice:
+    """An EndpointSlice that could not be parsed; its Service is told why."""
+
+    service_key: str
+    reason: str
+
+
+def parse_slice_or_error(obj: Mapping[str, Any]) -> Slice | BadSlice:
+    """Return the parsed slice, or a BadSlice naming its Service and the problem."""
+    meta = obj.get("metadata") or {}
+    service = (meta.get("labels") or {}).get(SERVICE_NAME_LABEL, "")
+    try:
+        return parse_slice(obj)
+    except ValueError as exc:
+        return BadSlice(service_key=f"{meta.get('namespace', '')}/{service}", reason=str(exc))
+
+
+def slice_service_key(value: Slice | BadSlice) -> str:
+    """Return "namespace/service" for a parsed or bad slice."""
+    if isinstance(value, BadSlice):
+        return value.service_key
+    return f"{value.namespace}/{value.service_name}"
+
+
+class ClusterCache:
+    """Stores for the three resources plus the slices-by-Service index."""
+
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+        self.services: Store[Service | InvalidService] = Store(parse_service)
+        self.slices: Store[Slice | BadSlice] = Store(parse_slice_or_error)
+        self.nodes: Store[Node] = Store(parse_node)
+        self._by_service: dict[str, dict[str, Slice | BadSlice]] = {}
+
+    def slices_of(self, service_key: str) -> list[Slice]:
+        """Return the parsed slices of a Service (bad ones are reported, never used)."""
+        return [s for s in self._by_service.get(service_key, {}).values() if isinstance(s, Slice)]
+
+    def bad_slices_of(self, service_key: str) -> list[BadSlice]:
+        """Return the slices of a Service that could not be parsed."""
+        return [
+            s for s in self._by_service.get(service_key, {}).values() if isinstance(s, BadSlice)
+        ]
+
+    def this_node(self) -> Node | None:
+        """Return this node's record, or None before it is known."""
+        return self.nodes.get(self.node_name)
+
+    def on_services(self, changes: list[Change[Service | InvalidService]]) -> set[str]:
+        """Return the Service keys to recompute after Service changes."""
+        return {c.key for c in changes}
+
+    def on_slices(self, changes: list[Change[Slice | BadSlice]]) -> set[str]:
+        """Index slice changes by Service; return the Service keys to recompute."""
+        dirty: set[str] = set()
+        for c in changes:
+            if c.old is not None:
+                old_service = slice_service_key(c.old)
+                self._by_service.get(old_service, {}).pop(c.key, None)
+                if not self._by_service.get(old_service, True):
+                    del self._by_service[old_service]
+                dirty.add(old_service)
+            if c.new is not None:
+                new_service = slice_service_key(c.new)
+                self._by_service.setdefault(new_service, {})[c.key] = c.new
+                dirty.add(new_service)
+        return dirty
+
+    def on_nodes(self, changes: list[Change[Node]]) -> bool:
+        """Return True when this node's record changed (zone or readiness: recompute all)."""
+        return any(c.key == self.node_name for c in changes)
+
