@@ -1,0 +1,22 @@
+"""Build an API client from a kubeconfig file or the in-cluster service-account credentials."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+
+
+def api_client(kubeconfig: Path | None) -> Any:
+    """Return a kubernetes ApiClient: from `kubeconfig`, else from the in-cluster credentials."""
+    configuration = client.Configuration()
+    if kubeconfig is not None:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(kubeconfig), client_configuration=configuration
+        )
+    else:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    # Watches hold connections open; one pool slot per reflector plus status writes and Events.
+    configuration.connection_pool_maxsize = 8
+    return client.ApiClient(configuration)
