@@ -2,7 +2,8 @@
 
 Pure bookkeeping over agent/kube/store.py changes: each `on_*` call updates the indexes and
 returns the Service keys whose frontends must be recomputed, so a changed EndpointSlice
-costs one Service's work, not a full rebuild.
+costs one Service's work, not a full rebuild. The reflectors own their stores; this cache is
+built only from the changes they report, so it can live behind the agent's own lock.
 """
 
 from __future__ import annotations
@@ -41,14 +42,18 @@ def slice_service_key(value: Slice | BadSlice) -> str:
     return f"{value.namespace}/{value.service_name}"
 
 
+def new_stores() -> tuple[Store[Service | InvalidService], Store[Slice | BadSlice], Store[Node]]:
+    """Return empty stores for Services, EndpointSlices and Nodes, with their parsers."""
+    return Store(parse_service), Store(parse_slice_or_error), Store(parse_node)
+
+
 class ClusterCache:
-    """Stores for the three resources plus the slices-by-Service index."""
+    """Services and Nodes by key plus the slices-by-Service index, fed by store changes."""
 
     def __init__(self, node_name: str) -> None:
         self.node_name = node_name
-        self.services: Store[Service | InvalidService] = Store(parse_service)
-        self.slices: Store[Slice | BadSlice] = Store(parse_slice_or_error)
-        self.nodes: Store[Node] = Store(parse_node)
+        self.services: dict[str, Service | InvalidService] = {}
+        self.nodes: dict[str, Node] = {}
         self._by_service: dict[str, dict[str, Slice | BadSlice]] = {}
 
     def slices_of(self, service_key: str) -> list[Slice]:
@@ -66,7 +71,12 @@ class ClusterCache:
         return self.nodes.get(self.node_name)
 
     def on_services(self, changes: list[Change[Service | InvalidService]]) -> set[str]:
-        """Return the Service keys to recompute after Service changes."""
+        """Record Service changes; return the Service keys to recompute."""
+        for c in changes:
+            if c.new is None:
+                self.services.pop(c.key, None)
+            else:
+                self.services[c.key] = c.new
         return {c.key for c in changes}
 
     def on_slices(self, changes: list[Change[Slice | BadSlice]]) -> set[str]:
@@ -86,6 +96,10 @@ class ClusterCache:
         return dirty
 
     def on_nodes(self, changes: list[Change[Node]]) -> bool:
-        """Return True when this node's record changed (zone or readiness: recompute all)."""
+        """Record Node changes; return True when this node's changed (recompute everything)."""
+        for c in changes:
+            if c.new is None:
+                self.nodes.pop(c.key, None)
+            else:
+                self.nodes[c.key] = c.new
         return any(c.key == self.node_name for c in changes)
-

@@ -71,6 +71,7 @@ class Node:
     ready: bool
     addresses: tuple[IPAddress, ...]
     labels: tuple[tuple[str, str], ...]
+    pod_cidrs: tuple[IPNetwork, ...] = ()
 
 
 class ParseError(ValueError):
@@ -167,7 +168,7 @@ ZONE_LABEL = "topology.kubernetes.io/zone"
 
 
 def parse_node(obj: Mapping[str, Any]) -> Node:
-    """Return the Node record for a raw Node (unparseable addresses are skipped)."""
+    """Return the Node record for a raw Node (unparseable addresses and CIDRs are skipped)."""
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
     labels = meta.get("labels") or {}
@@ -182,10 +183,17 @@ def parse_node(obj: Mapping[str, Any]) -> Node:
                 addresses.append(ipaddress.ip_address(a.get("address", "")))
             except ValueError:
                 continue
+    pod_cidrs: list[IPNetwork] = []
+    for cidr in (obj.get("spec") or {}).get("podCIDRs") or []:
+        try:
+            pod_cidrs.append(ipaddress.ip_network(str(cidr), strict=False))
+        except ValueError:
+            continue
     return Node(
         name=str(meta.get("name", "")),
         zone=labels.get(ZONE_LABEL),
         ready=ready,
         addresses=tuple(addresses),
         labels=tuple(sorted(labels.items())),
+        pod_cidrs=tuple(pod_cidrs),
     )

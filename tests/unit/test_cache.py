@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.cache import BadSlice, ClusterCache
+from agent.cache import BadSlice, ClusterCache, new_stores
 from agent.kube.store import EventType
 
 
@@ -23,18 +23,19 @@ def raw_slice(name: str, service: str, port: int = 8080, ns: str = "ns") -> dict
 
 def test_slice_changes_dirty_their_service_and_a_relabel_dirties_both() -> None:
     cache = ClusterCache("node-1")
-    change = cache.slices.apply(EventType.ADDED, raw_slice("s1", "web"))
+    _, slices, _ = new_stores()
+    change = slices.apply(EventType.ADDED, raw_slice("s1", "web"))
     assert change is not None
     assert cache.on_slices([change]) == {"ns/web"}
     assert [s.name for s in cache.slices_of("ns/web")] == ["s1"]
 
-    moved = cache.slices.apply(EventType.MODIFIED, raw_slice("s1", "api"))
+    moved = slices.apply(EventType.MODIFIED, raw_slice("s1", "api"))
     assert moved is not None
     assert cache.on_slices([moved]) == {"ns/web", "ns/api"}
     assert cache.slices_of("ns/web") == []
     assert [s.name for s in cache.slices_of("ns/api")] == ["s1"]
 
-    gone = cache.slices.apply(EventType.DELETED, raw_slice("s1", "api"))
+    gone = slices.apply(EventType.DELETED, raw_slice("s1", "api"))
     assert gone is not None
     assert cache.on_slices([gone]) == {"ns/api"}
     assert cache.slices_of("ns/api") == []
@@ -42,9 +43,10 @@ def test_slice_changes_dirty_their_service_and_a_relabel_dirties_both() -> None:
 
 def test_a_malformed_slice_is_kept_as_a_reason_for_its_service() -> None:
     cache = ClusterCache("node-1")
+    _, slices, _ = new_stores()
     bad = raw_slice("s1", "web")
     bad["addressType"] = "IPv5"
-    change = cache.slices.apply(EventType.ADDED, bad)
+    change = slices.apply(EventType.ADDED, bad)
     assert change is not None
     assert cache.on_slices([change]) == {"ns/web"}
     assert cache.slices_of("ns/web") == []
@@ -55,10 +57,15 @@ def test_a_malformed_slice_is_kept_as_a_reason_for_its_service() -> None:
 
 def test_only_this_nodes_changes_matter() -> None:
     cache = ClusterCache("node-1")
-    other = cache.nodes.apply(EventType.ADDED, {"metadata": {"name": "node-2"}})
-    mine = cache.nodes.apply(EventType.ADDED, {"metadata": {"name": "node-1"}})
+    _, _, nodes = new_stores()
+    other = nodes.apply(EventType.ADDED, {"metadata": {"name": "node-2"}})
+    mine = nodes.apply(EventType.ADDED, {"metadata": {"name": "node-1"}})
     assert other is not None and mine is not None
     assert not cache.on_nodes([other])
     assert cache.on_nodes([mine])
     node = cache.this_node()
     assert node is not None and node.name == "node-1"
+    gone = nodes.apply(EventType.DELETED, {"metadata": {"name": "node-1"}})
+    assert gone is not None
+    assert cache.on_nodes([gone])
+    assert cache.this_node() is None

@@ -227,6 +227,7 @@ def test_node_zone_readiness_and_addresses() -> None:
     node = parse_node(
         {
             "metadata": {"name": "node-1", "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+            "spec": {"podCIDRs": ["198.19.1.0/24", "2001:db8:1:1::/64", "junk"]},
             "status": {
                 "conditions": [{"type": "Ready", "status": "True"}],
                 "addresses": [
@@ -239,4 +240,5 @@ def test_node_zone_readiness_and_addresses() -> None:
     )
     assert (node.name, node.zone, node.ready) == ("node-1", "zone-a", True)
     assert node.addresses == (ipaddress.ip_address("198.18.0.11"),)
+    assert [str(c) for c in node.pod_cidrs] == ["198.19.1.0/24", "2001:db8:1:1::/64"]
     assert not parse_node({"metadata": {"name": "n2"}, "status": {}}).ready
