@@ -1,0 +1,351 @@
+"""The agent's main loop: reflectors feed the cache, changed Services are recomputed, and the
+dataplane is synced on the coalescing schedule.
+
+The imperative shell around agent/desired.py: it owns the threads (one reflector per
+resource), the lock that protects the cache, the clock, and the calls into the dataplane and
+the Event sink. Decisions stay in the pure modules it calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
+
+from kubernetes import client
+
+from agent.cache import BadSlice, ClusterCache, new_stores
+from agent.config import AgentConfig
+from agent.desired import (
+    NodeView,
+    PolicyView,
+    Problem,
+    ProblemReason,
+    ServiceResult,
+    assemble,
+    service_frontends,
+)
+from agent.endpoints import Slice
+from agent.kube.events import Event, EventGate, EventSink, ObjectRef
+from agent.kube.reflector import ListFn, Reflector
+from agent.kube.store import Change
+from agent.model import DesiredState, IPAddress
+from agent.policy import classify, is_ours
+from agent.schedule import SyncSchedule
+from agent.services import InvalidService, Node, Service
+
+log = logging.getLogger(__name__)
+
+
+class DataplaneLike(Protocol):
+    """What the loop needs from agent/dataplane.py."""
+
+    def sync(self, desired: DesiredState, *, full: bool = False) -> Any: ...
+
+    def check_drift(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ListFns:
+    """The official client's list calls for the three watched resources."""
+
+    services: ListFn
+    slices: ListFn
+    nodes: ListFn
+
+
+def list_fns(api: Any) -> ListFns:
+    """Return the raw list/watch calls of an ApiClient (called with _preload_content=False)."""
+    core = client.CoreV1Api(api)
+    discovery = client.DiscoveryV1Api(api)
+    return ListFns(
+        services=cast(ListFn, core.list_service_for_all_namespaces),
+        slices=cast(ListFn, discovery.list_endpoint_slice_for_all_namespaces),
+        nodes=cast(ListFn, core.list_node),
+    )
+
+
+@dataclass
+class AgentStatus:
+    """What `nodelb status` and /readyz report about the loop."""
+
+    caches_synced: bool = False
+    first_sync_done: bool = False
+    last_sync_time: float | None = None
+    last_sync_ok: bool | None = None
+    last_error: str = ""
+    frontends: int = 0
+    services: int = 0
+    problems: dict[str, tuple[Problem, ...]] = field(default_factory=dict)
+
+
+class Agent:
+    """Keeps this node's nftables table equal to what the cluster asks of it."""
+
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        *,
+        dataplane: DataplaneLike,
+        events: EventSink,
+        lists: ListFns,
+        clock: Callable[[], float] = time.monotonic,
+        on_problem: Callable[[Problem], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self._dataplane = dataplane
+        self._events = events
+        self._lists = lists
+        self._clock = clock
+        self._on_problem = on_problem or (lambda p: None)
+        self._cache = ClusterCache(cfg.node_name)
+        self._results: dict[str, ServiceResult] = {}
+        self._dirty: set[str] = set()
+        self._all_dirty = True
+        self._retry_at = 0.0
+        self._allocated: dict[IPAddress, str] = {}
+        self._cond = threading.Condition()
+        self._gate = EventGate()
+        s = cfg.sync
+        self._schedule = SyncSchedule(
+            min_interval=s.min_interval,
+            max_delay=s.max_delay,
+            full_resync_period=s.full_resync_period,
+            drift_check_period=s.drift_check_period,
+        )
+        self.status = AgentStatus()
+        self.ready = threading.Event()
+        self._reflectors: list[Reflector[Any]] = []
+
+    # --- change intake (reflector threads) -------------------------------------------------
+
+    def _changed(self, keys: set[str], *, everything: bool = False) -> None:
+        with self._cond:
+            self._dirty |= keys
+            self._all_dirty |= everything
+            self._schedule = self._schedule.changed(self._clock())
+            self._cond.notify()
+
+    def _on_services(self, changes: list[Change[Service | InvalidService]]) -> None:
+        with self._cond:
+            keys = self._cache.on_services(changes)
+        self._changed(keys)
+
+    def _on_slices(self, changes: list[Change[Slice | BadSlice]]) -> None:
+        with self._cond:
+            keys = self._cache.on_slices(changes)
+        self._changed(keys)
+
+    def _on_nodes(self, changes: list[Change[Node]]) -> None:
+        with self._cond:
+            mine = self._cache.on_nodes(changes)
+        if mine:
+            self._changed(set(), everything=True)
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Watch and sync until `stop` is set."""
+        services, slices, nodes = new_stores()
+        self._reflectors = [
+            Reflector(
+                name="services",
+                list_fn=self._lists.services,
+                store=services,
+                on_changes=self._on_services,
+            ),
+            Reflector(
+                name="endpointslices",
+                list_fn=self._lists.slices,
+                store=slices,
+                on_changes=self._on_slices,
+            ),
+            Reflector(
+                name="nodes", list_fn=self._lists.nodes, store=nodes, on_changes=self._on_nodes
+            ),
+        ]
+        threads = [
+            threading.Thread(target=r.run, args=(stop,), name=f"watch-{r.name}", daemon=True)
+            for r in self._reflectors
+        ]
+        for t in threads:
+            t.start()
+        stopper = threading.Thread(target=self._wake_on_stop, args=(stop,), daemon=True)
+        stopper.start()
+        try:
+            while not stop.is_set() and not all(r.synced.is_set() for r in self._reflectors):
+                stop.wait(0.05)
+            self.status.caches_synced = True
+            log.info("caches synced", extra={"services": len(self._cache.services)})
+            while not stop.is_set():
+                self._wait_until_due(stop)
+                if not stop.is_set():
+                    self.step()
+        finally:
+            for r in self._reflectors:
+                r.close()
+            for t in threads:
+                t.join(timeout=5)
+
+    def _wake_on_stop(self, stop: threading.Event) -> None:
+        stop.wait()
+        with self._cond:
+            self._cond.notify_all()
+
+    def _wait_until_due(self, stop: threading.Event) -> None:
+        with self._cond:
+            while not stop.is_set():
+                now = self._clock()
+                due = max(self._schedule.next_wakeup(), self._retry_at)
+                if due <= now:
+                    return
+                self._cond.wait(timeout=min(due - now, 1.0))
+
+    def step(self) -> None:
+        """Recompute what changed, sync the dataplane, report problems, check drift."""
+        now = self._clock()
+        full = now >= self._schedule.full_due()
+        with self._cond:
+            sync_pending = self._schedule.sync_due() is not None
+            if not (full or sync_pending or self._all_dirty):
+                desired = None
+            else:
+                desired, touched = self._recompute(everything=full or self._all_dirty)
+            schedule_before = self._schedule
+        if desired is not None:
+            self._sync(desired, touched, full=full, now=now, schedule_before=schedule_before)
+        if now >= self._schedule.drift_due() and self.status.first_sync_done:
+            if self._dataplane.check_drift():
+                log.warning("drift in the nodelb table was found and repaired")
+            with self._cond:
+                self._schedule = self._schedule.drift_checked(now)
+
+    def _policy(self) -> PolicyView:
+        return PolicyView(
+            lb_class=self.cfg.lb_class,
+            handle_classless=self.cfg.handle_classless,
+            external_ip_cidrs=self.cfg.external_ip_cidrs,
+            pool_networks=tuple(n for p in self.cfg.pools for n in p.networks),
+        )
+
+    def _allocations(self) -> dict[IPAddress, str]:
+        """Return pool-backed LoadBalancer IPs by the Service they are allocated to."""
+        out: dict[IPAddress, str] = {}
+        for svc in self._cache.services.values():
+            if isinstance(svc, Service) and is_ours(
+                classify(
+                    svc, lb_class=self.cfg.lb_class, handle_classless=self.cfg.handle_classless
+                )
+            ):
+                for ip in svc.ingress_ips:
+                    out.setdefault(ip, svc.key)
+        return out
+
+    def _recompute(self, *, everything: bool) -> tuple[DesiredState, set[str]]:
+        """Recompute dirty Services (caller holds the lock); return the state and the keys."""
+        allocated = self._allocations()
+        dirty = set(self._dirty)
+        if allocated != self._allocated:
+            # externalIP verdicts depend on who holds pool addresses.
+            dirty |= {
+                k
+                for k, s in self._cache.services.items()
+                if isinstance(s, Service) and s.external_ips
+            }
+            self._allocated = allocated
+        if everything:
+            dirty |= set(self._cache.services) | set(self._results)
+        node = self._cache.this_node()
+        view = NodeView(name=self.cfg.node_name, zone=node.zone if node else None)
+        policy = self._policy()
+        for key in dirty:
+            svc = self._cache.services.get(key)
+            if svc is None:
+                self._results.pop(key, None)
+                continue
+            result = service_frontends(
+                svc,
+                self._cache.slices_of(key),
+                node=view,
+                policy=policy,
+                allocated_to=allocated,
+            )
+            bad = self._cache.bad_slices_of(key)
+            if bad:
+                extra = tuple(Problem(ProblemReason.INVALID_SERVICE, b.reason) for b in bad)
+                result = ServiceResult(
+                    result.key,
+                    result.created,
+                    result.uid,
+                    result.frontends,
+                    result.lb_ips,
+                    result.problems + extra,
+                )
+            self._results[key] = result
+        self._dirty.clear()
+        self._all_dirty = False
+        held: frozenset[IPAddress] = frozenset()
+        if self.cfg.serve_all_ips:
+            held = frozenset(ip for r in self._results.values() for ip in r.lb_ips)
+        local = self.cfg.local_cidrs or (node.pod_cidrs if node else ())
+        assembly = assemble(self._results.values(), held_ips=held, local_cidrs=local)
+        problems = {k: r.problems for k in dirty if (r := self._results.get(k)) and r.problems}
+        for key, conflicts in assembly.conflicts.items():
+            problems[key] = problems.get(key, ()) + conflicts
+        self.status.problems = problems
+        self.status.services = len(self._results)
+        return assembly.desired, set(problems)
+
+    def _sync(
+        self,
+        desired: DesiredState,
+        touched: set[str],
+        *,
+        full: bool,
+        now: float,
+        schedule_before: SyncSchedule,
+    ) -> None:
+        full = full or not self.status.first_sync_done
+        try:
+            result = self._dataplane.sync(desired, full=full)
+            ok = bool(getattr(result, "ok", True))
+            retry_after = float(getattr(result, "retry_after", 1.0) or 1.0)
+            error = str(getattr(result, "error", "") or "")
+        except Exception as exc:
+            log.exception("dataplane sync raised")
+            ok, retry_after, error = False, 1.0, str(exc)
+        self.status.last_sync_time = time.time()
+        self.status.last_sync_ok = ok
+        self.status.last_error = error
+        with self._cond:
+            if ok:
+                self._schedule = self._schedule.synced(now, full=full)
+                # Changes that arrived during the sync are still pending.
+                if self._dirty or self._all_dirty:
+                    self._schedule = self._schedule.changed(self._clock())
+                self._retry_at = 0.0
+            else:
+                self._retry_at = now + retry_after
+                self._all_dirty = True
+        if ok:
+            self.status.first_sync_done = True
+            self.status.frontends = len(desired.frontends)
+            self.ready.set()
+        self._report(touched)
+
+    def _report(self, keys: set[str]) -> None:
+        now = self._clock()
+        for key in keys:
+            problems = self.status.problems.get(key, ())
+            svc = self._cache.services.get(key)
+            uid = svc.uid if svc is not None else ""
+            ns, _, name = key.partition("/")
+            for p in problems:
+                event = Event(ObjectRef("Service", ns, name, uid), "Warning", p.reason, p.message)
+                if self._gate.admit(event, now):
+                    log.warning("%s: %s: %s", key, p.reason, p.message)
+                    self._on_problem(p)
+                    self._events.record(event)

@@ -1,0 +1,132 @@
+"""The agent loop's decisions with a fake dataplane and clock: what gets synced and reported."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.cache import new_stores
+from agent.config import AgentConfig, SyncTiming
+from agent.kube.events import ListSink
+from agent.kube.store import EventType
+from agent.model import DesiredState
+from agent.runtime import Agent, ListFns
+
+
+@dataclass
+class SyncResult:
+    ok: bool
+    retry_after: float = 0.5
+    error: str = ""
+
+
+@dataclass
+class FakeDataplane:
+    fail: bool = False
+    syncs: list[tuple[DesiredState, bool]] = field(default_factory=list)
+    drift_checks: int = 0
+
+    def sync(self, desired: DesiredState, *, full: bool = False) -> SyncResult:
+        self.syncs.append((desired, full))
+        return SyncResult(ok=not self.fail, error="nft said no" if self.fail else "")
+
+    def check_drift(self) -> bool:
+        self.drift_checks += 1
+        return False
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def unused(**kwargs: Any) -> Any:
+    raise AssertionError("the loop under test must not call the API")
+
+
+def make_agent() -> tuple[Agent, FakeDataplane, ListSink, Clock]:
+    cfg = AgentConfig(
+        node_name="node-1",
+        sync=SyncTiming(
+            min_interval=0.1, max_delay=1.0, full_resync_period=300, drift_check_period=60
+        ),
+    )
+    dp, sink, clock = FakeDataplane(), ListSink(), Clock()
+    agent = Agent(
+        cfg, dataplane=dp, events=sink, lists=ListFns(unused, unused, unused), clock=clock
+    )
+    return agent, dp, sink, clock
+
+
+def svc(name: str, port: Any = 80, ip: str = "198.18.0.200") -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "ns", "name": name, "uid": f"u-{name}"},
+        "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": port}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": ip}]}},
+    }
+
+
+def feed_services(agent: Agent, *raws: dict[str, Any]) -> None:
+    store, _, _ = new_stores()
+    changes = [c for raw in raws if (c := store.apply(EventType.ADDED, raw)) is not None]
+    agent._on_services(changes)
+
+
+def test_first_step_is_a_full_sync_and_a_malformed_service_gets_a_warning_only() -> None:
+    agent, dp, sink, _clock = make_agent()
+    feed_services(agent, svc("good"), svc("bad", port=0, ip="198.18.0.201"))
+    agent.step()
+    ((desired, full),) = dp.syncs
+    assert full
+    assert [str(k.ip) for k in desired.frontends] == ["198.18.0.200"]
+    assert desired.held_ips == frozenset({ipaddress.ip_address("198.18.0.200")})
+    assert [(e.ref.name, e.type, e.reason) for e in sink.events] == [
+        ("bad", "Warning", "InvalidService")
+    ]
+    assert "spec.ports[0].port" in sink.events[0].message
+    assert agent.ready.is_set()
+
+
+def test_nothing_pending_means_no_sync_and_a_change_means_a_partial_one() -> None:
+    agent, dp, _sink, clock = make_agent()
+    feed_services(agent, svc("a"))
+    agent.step()
+    clock.now += 1
+    agent.step()
+    assert len(dp.syncs) == 1
+    feed_services(agent, svc("b", ip="198.18.0.202"))
+    clock.now += 1
+    agent.step()
+    desired, full = dp.syncs[-1]
+    assert not full
+    assert len(desired.frontends) == 2
+
+
+def test_a_failed_sync_is_retried_after_the_backoff_and_the_warning_is_not_repeated() -> None:
+    agent, dp, sink, clock = make_agent()
+    dp.fail = True
+    feed_services(agent, svc("bad", port=70000))
+    agent.step()
+    assert agent.status.last_sync_ok is False
+    assert agent.status.last_error == "nft said no"
+    assert not agent.ready.is_set()
+    dp.fail = False
+    clock.now += 1
+    agent.step()
+    assert agent.status.last_sync_ok is True
+    assert dp.syncs[-1][1], "the first successful sync is a full one"
+    assert len(sink.events) == 1
+
+
+def test_drift_is_checked_on_its_period_after_the_first_sync() -> None:
+    agent, dp, _, clock = make_agent()
+    feed_services(agent, svc("a"))
+    agent.step()
+    assert dp.drift_checks == 0
+    clock.now += 61
+    agent.step()
+    assert dp.drift_checks == 1
