@@ -90,8 +90,9 @@ def service_frontends(
     """Return the frontends this node programs for `svc`, and the problems to report.
 
     LoadBalancer ingress IPs count only for Services of our class; externalIPs count for any
-    Service type when the allow-list admits them. Source ranges apply to LoadBalancer IPs only
-    and, as in kube-proxy, only ranges of the frontend's own family are enforced.
+    Service type when the allow-list admits them. Source ranges apply to LoadBalancer IPs only;
+    the renderer enforces those of the frontend's family and fails closed when a Service lists
+    ranges of the other family only (see docs/dataplane.md).
     """
     if isinstance(svc, InvalidService):
         return ServiceResult(
@@ -135,7 +136,7 @@ def service_frontends(
             )
             cluster = _targets(sel.cluster)
             external = _targets(sel.local) if sel.local is not None else cluster
-            ranges = tuple(r for r in svc.source_ranges if r.version == ip.version) if is_lb else ()
+            ranges = svc.source_ranges if is_lb else ()
             frontends.append(
                 Frontend(
                     service=svc.key,

@@ -121,7 +121,7 @@ def test_refused_external_ips_become_problems_and_lb_ips_stay_served() -> None:
     assert "203.0.113.9" in result.problems[0].message
 
 
-def test_source_ranges_apply_to_lb_ips_of_their_family_only() -> None:
+def test_source_ranges_apply_to_lb_ips_only() -> None:
     svc = make_service(
         loadBalancerSourceRanges=["198.18.0.100/32", "2001:db8::/64"],
         externalIPs=["198.18.0.50"],
@@ -129,7 +129,10 @@ def test_source_ranges_apply_to_lb_ips_of_their_family_only() -> None:
     result = service_frontends(svc, [SLICE], node=NODE, policy=POLICY, allocated_to={})
     by_ip = {fe.key.ip: fe.source_ranges for fe in result.frontends}
     assert by_ip == {
-        ip("198.18.0.200"): (ipaddress.ip_network("198.18.0.100/32"),),
+        ip("198.18.0.200"): (
+            ipaddress.ip_network("198.18.0.100/32"),
+            ipaddress.ip_network("2001:db8::/64"),
+        ),
         ip("198.18.0.50"): (),
     }
 
