@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -144,6 +144,25 @@ class Agent:
             mine = self._cache.on_nodes(changes)
         if mine:
             self._changed(set(), everything=True)
+
+    def ingest(
+        self,
+        *,
+        services: Iterable[Mapping[str, Any]] = (),
+        slices: Iterable[Mapping[str, Any]] = (),
+        nodes: Iterable[Mapping[str, Any]] = (),
+    ) -> None:
+        """Feed raw objects as if listed from the API (`nodelb render`, tests)."""
+        svc_store, slice_store, node_store = new_stores()
+        self._on_services(svc_store.replace(services))
+        self._on_slices(slice_store.replace(slices))
+        self._on_nodes(node_store.replace(nodes))
+
+    def compute(self) -> DesiredState:
+        """Return the DesiredState for everything ingested, by the loop's own code path."""
+        with self._cond:
+            desired, _ = self._recompute(everything=True)
+        return desired
 
     # --- the loop ---------------------------------------------------------------------------
 
