@@ -1,0 +1,332 @@
+"""What one frontend contributes to the table: map/set elements, dispatch chains, affinity units.
+
+Shared by rules/render.py (everything, in bulk) and rules/delta.py (only changed frontends).
+Every name and element is a pure function of the frontend, so a delta names what it deletes
+from the old desired state alone, without kernel handles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from agent.model import DesiredState, Endpoint, Frontend, IPAddress, IPNetwork, Protocol
+from rules import layout as L
+from rules.transaction import Op
+
+_T = L.TABLE
+_MAX_MARK = 0xFFFFFFFF
+
+
+class RenderError(ValueError):
+    """A desired state nodelb cannot express; `service` names the offending Service."""
+
+    def __init__(self, service: str, message: str) -> None:
+        super().__init__(f"{service}: {message}")
+        self.service = service
+
+
+def check_mark(mark: int) -> None:
+    """Raise RenderError unless `mark` is a usable 32-bit meta mark mask (non-zero)."""
+    if not 0 < mark <= _MAX_MARK:
+        raise RenderError("-", f"masquerade mark {mark:#x} must be a non-zero 32-bit mask")
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """One object of a session-affinity unit: a set, an endpoint chain or a service chain.
+
+    `rank` orders creation (sets 0, endpoint chains 1, service chains 2); deletion runs in the
+    reverse rank order so nothing is deleted while still referenced.
+    """
+
+    name: str
+    rank: int
+    add: tuple[Op, ...]
+    delete: Op
+
+
+DispatchKey = tuple[L.DispatchKind, int, int]
+"""(kind, family, endpoint count) of a dispatch chain and its backend map."""
+
+
+@dataclass(slots=True)
+class Contributions:
+    """Accumulated output of `emit`: elements per map/set name, dispatch keys, affinity units.
+
+    `elements[name]` holds (key, value) pairs; value is None for plain sets.
+    """
+
+    elements: defaultdict[str, list[tuple[str, str | None]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    dispatch: set[DispatchKey] = field(default_factory=set)
+    units: dict[str, Unit] = field(default_factory=dict)
+
+
+_IDX = tuple(str(i) for i in range(4096))
+
+
+def _idx(i: int) -> str:
+    return _IDX[i] if i < len(_IDX) else str(i)
+
+
+def _check_port(service: str, what: str, port: int) -> None:
+    if not 1 <= port <= 65535:
+        raise RenderError(service, f"{what} port {port} is outside 1..65535")
+
+
+Backend = tuple[str, int]
+"""An endpoint as nft text: (address text, port)."""
+
+
+def normalize_endpoints(fe: Frontend, eps: tuple[Endpoint, ...]) -> tuple[Backend, ...]:
+    """Return `eps` deduplicated, sorted by (address, port), as (address text, port) pairs.
+
+    Sorting makes the backend index of each endpoint independent of the order the caches
+    listed them in. Raises RenderError on an address of the wrong family or a bad port.
+    """
+    if not eps:
+        return ()
+    fam_cls = type(fe.key.ip)
+    seen: dict[tuple[int, int], Endpoint] = {}
+    for ep in eps:
+        ip, port = ep.ip, ep.port
+        if type(ip) is not fam_cls:
+            raise RenderError(
+                fe.service,
+                f"endpoint {ip} is IPv{ip.version} but frontend {fe.key.ip} is "
+                f"IPv{fe.key.ip.version}",
+            )
+        if not 1 <= port <= 65535:
+            _check_port(fe.service, f"endpoint {ip}", port)
+        seen[(int(ip), port)] = ep
+    order = sorted(seen)
+    if fam_cls is ipaddress.IPv4Address:
+        return tuple([(f"{i >> 24}.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}", p) for i, p in order])
+    return tuple([(str(seen[k].ip), k[1]) for k in order])
+
+
+def validate(fe: Frontend) -> None:
+    """Raise RenderError naming the Service if the frontend's own fields are out of range."""
+    if not isinstance(fe.key.protocol, Protocol):
+        raise RenderError(fe.service, f"unknown protocol {fe.key.protocol!r}")
+    _check_port(fe.service, "frontend", fe.key.port)
+    t = fe.affinity_timeout
+    if t is not None and not 1 <= t <= L.MAX_AFFINITY_TIMEOUT:
+        raise RenderError(
+            fe.service, f"session affinity timeout {t}s is outside 1..{L.MAX_AFFINITY_TIMEOUT}"
+        )
+
+
+def source_ranges(fe: Frontend) -> list[IPNetwork]:
+    """Return the frontend's source ranges of its own family, collapsed (no overlaps).
+
+    Ranges of the other family are ignored (a dual-stack Service lists both). If the Service
+    lists ranges but none of this family, the result is empty and the frontend stays
+    restricted: every source is dropped (fail closed).
+    """
+    fam = fe.key.ip.version
+    return collapse(n for n in fe.source_ranges if n.version == fam)
+
+
+def _h(*parts: object) -> str:
+    return hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).hexdigest()
+
+
+def _affinity_units(
+    fe: Frontend, key: str, *, variant: str, eps: tuple[Backend, ...], masq: bool, mark: int
+) -> tuple[str, list[Unit]]:
+    """Return the service-chain name and every object of one affinity path (kube-proxy shape)."""
+    fam = fe.key.ip.version
+    ip = L.IP[fam]
+    timeout = fe.affinity_timeout
+    proto = fe.key.protocol.value
+    units: list[Unit] = []
+    ep_chains: list[tuple[str, str]] = []
+    for addr, port in eps:
+        eid = _h(key, variant, timeout, addr, port)
+        set_name = f"{L.AFF_SET}{fam}_{eid}"
+        chain = f"{L.AFF_ENDPOINT}{fam}_{eid}"
+        target = f"{addr}:{port}" if fam == 4 else f"[{addr}]:{port}"
+        units.append(
+            Unit(
+                set_name,
+                0,
+                (
+                    Op(
+                        "add",
+                        f"set {_T} {set_name} {{ type {L.ADDR_TYPE[fam]} ; "
+                        f"flags dynamic,timeout ; timeout {timeout}s ; }}",
+                    ),
+                ),
+                Op("delete", f"set {_T} {set_name}"),
+            )
+        )
+        units.append(
+            Unit(
+                chain,
+                1,
+                (
+                    Op("add", f"chain {_T} {chain}"),
+                    Op("add", f"rule {_T} {chain} update @{set_name} {{ {ip} saddr }}"),
+                    Op("add", f"rule {_T} {chain} meta l4proto {proto} dnat {ip} to {target}"),
+                ),
+                Op("delete", f"chain {_T} {chain}"),
+            )
+        )
+        ep_chains.append((set_name, chain))
+    svc = f"{L.AFF_SERVICE}{fam}_{_h(key, variant, timeout, masq, *eps)}"
+    ops = [Op("add", f"chain {_T} {svc}")]
+    if masq:
+        ops.append(Op("add", f"rule {_T} {svc} meta mark set meta mark | {mark:#x}"))
+    ops.extend(Op("add", f"rule {_T} {svc} {ip} saddr @{s} goto {c}") for s, c in ep_chains)
+    vmap = ", ".join(f"{i} : goto {c}" for i, (_, c) in enumerate(ep_chains))
+    ops.append(Op("add", f"rule {_T} {svc} numgen random mod {len(eps)} vmap {{ {vmap} }}"))
+    units.append(Unit(svc, 2, tuple(ops), Op("delete", f"chain {_T} {svc}")))
+    return svc, units
+
+
+class Emitter:
+    """Turns frontends into Contributions; holds caches shared across one render or delta."""
+
+    __slots__ = ("mark",)
+
+    def __init__(self, mark: int) -> None:
+        self.mark = mark
+
+    def _path(
+        self,
+        acc: Contributions,
+        fe: Frontend,
+        key: str,
+        eps: tuple[Backend, ...],
+        kind: L.DispatchKind,
+    ) -> str:
+        """Add the backends of one traffic path; return the verdict that dispatches to them."""
+        fam = fe.key.ip.version
+        masq = kind != "epl"
+        if fe.affinity_timeout is not None:
+            variant = "c" if kind == "epc" else "x"
+            svc, units = _affinity_units(
+                fe, key, variant=variant, eps=eps, masq=masq, mark=self.mark
+            )
+            for u in units:
+                acc.units[u.name] = u
+            return "goto " + svc
+        n = len(eps)
+        acc.dispatch.add((kind, fam, n))
+        prefix = key + " . "
+        acc.elements[L.backend_map(kind, fam, n)].extend(
+            [(prefix + _idx(i), f"{a} . {p}") for i, (a, p) in enumerate(eps)]
+        )
+        return "goto " + L.dispatch_chain(kind, fam, n)
+
+    def emit(self, acc: Contributions, fe: Frontend) -> None:
+        """Validate `fe` and add everything it needs to `acc`; raise RenderError if invalid."""
+        validate(fe)
+        k = fe.key
+        fam = 4 if type(k.ip) is ipaddress.IPv4Address else 6
+        key = f"{k.ip} . {k.protocol.value} . {k.port}"
+        ext = normalize_endpoints(fe, fe.endpoints)
+        if fe.cluster_endpoints is fe.endpoints:
+            cl = ext
+        else:
+            cl = normalize_endpoints(fe, fe.cluster_endpoints)
+        el = acc.elements
+        # External traffic: DNAT (masqueraded unless Local), else drop (Local) or reject.
+        if ext:
+            verdict = self._path(acc, fe, key, ext, "epl" if fe.local_only else "ep")
+            el[L.named(L.EXT, fam)].append((key, verdict))
+        elif fe.local_only:
+            el[L.named(L.DROP, fam)].append((key, None))
+        # Internal traffic (this node, its pods): Cluster semantics, always masqueraded.
+        # Falls through to the external map unless its endpoints or masquerading differ.
+        override = fe.local_only or cl != ext
+        int_eps = cl if override else ext
+        if override:
+            if cl:
+                verdict = self._path(acc, fe, key, cl, "epc")
+                el[L.named(L.INT, fam)].append((key, verdict))
+            elif ext:
+                el[L.named(L.INT, fam)].append((key, "accept"))  # no DNAT: rejected in filter
+        if not int_eps or (not ext and not fe.local_only):
+            el[L.named(L.NOEP, fam)].append((key, None))
+        if fe.source_ranges:
+            el[L.named(L.SRFE, fam)].append((key, None))
+            prefix = key + " . "
+            el[L.named(L.SROK, fam)].extend(
+                [(prefix + n.with_prefixlen, None) for n in source_ranges(fe)]
+            )
+
+    def dispatch_keys(self, fe: Frontend) -> set[DispatchKey]:
+        """Return the dispatch chains `fe` uses; raises RenderError like `emit`."""
+        acc = Contributions()
+        self.emit(acc, fe)
+        return acc.dispatch
+
+
+def dispatch_ops(key: DispatchKey, mark: int, *, flush: bool) -> list[Op]:
+    """Return the ops that create one dispatch chain and its backend map.
+
+    `flush` empties the chain before adding its two rules, so re-adding a chain that already
+    exists (from an earlier delta) leaves it with exactly the same content, atomically.
+    """
+    kind, fam, n = key
+    ip = L.IP[fam]
+    chain = L.dispatch_chain(kind, fam, n)
+    bmap = L.backend_map(kind, fam, n)
+    ops = [
+        Op(
+            "add",
+            f"map {_T} {bmap} {{ typeof {ip} daddr . meta l4proto . th dport . "
+            f"numgen random mod 1 : {ip} daddr . th dport ; }}",
+        ),
+        Op("add", f"chain {_T} {chain}"),
+    ]
+    if flush:
+        ops.append(Op("flush", f"chain {_T} {chain}"))
+    if kind != "epl":
+        ops.append(Op("add", f"rule {_T} {chain} meta mark set meta mark | {mark:#x}"))
+    ops.append(
+        Op(
+            "add",
+            f"rule {_T} {chain} dnat {ip} to {ip} daddr . meta l4proto . th dport . "
+            f"numgen random mod {n} map @{bmap}",
+        )
+    )
+    return ops
+
+
+def node_elements(desired: DesiredState) -> dict[str, list[tuple[str, str | None]]]:
+    """Return the held-IP and local-CIDR set elements of `desired`, per set name."""
+    out: dict[str, list[tuple[str, str | None]]] = {}
+    for fam in (4, 6):
+        held = sorted((ip for ip in desired.held_ips if ip.version == fam), key=_addr_key)
+        if held:
+            out[L.named(L.HELD, fam)] = [(str(ip), None) for ip in held]
+        nets = collapse(n for n in desired.local_cidrs if n.version == fam)
+        if nets:
+            out[L.named(L.LOCAL, fam)] = [(n.with_prefixlen, None) for n in nets]
+    return out
+
+
+def _addr_key(ip: IPAddress) -> int:
+    return int(ip)
+
+
+def collapse(nets: Iterable[IPNetwork]) -> list[IPNetwork]:
+    """Return `nets` merged into the fewest non-overlapping networks, IPv4 first, sorted."""
+    v4: list[ipaddress.IPv4Network] = []
+    v6: list[ipaddress.IPv6Network] = []
+    for n in nets:
+        if isinstance(n, ipaddress.IPv4Network):
+            v4.append(n)
+        else:
+            v6.append(n)
+    out: list[IPNetwork] = list(ipaddress.collapse_addresses(v4))
+    out.extend(ipaddress.collapse_addresses(v6))
+    return out

@@ -1,0 +1,210 @@
+"""A knftables-style fake of the nodelb table for unit tests: applies Transactions in memory.
+
+It understands exactly the commands rules/ emits (table, chain, rule, set, map, element with
+add / delete / flush) and checks, as the kernel would, that every `goto`/`jump`/`@set`
+reference exists when a rule or element is added, that a deleted chain or set is no longer
+referenced, that deleted elements exist, and (stricter than the kernel) that an added element
+key is not already present. A transaction applies atomically: on any error the table is left
+as it was and FakeError is raised.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+
+from rules.layout import TABLE
+from rules.transaction import Op, Transaction
+
+_REF = re.compile(r"(?:goto|jump) ([A-Za-z0-9_]+)|@([A-Za-z0-9_]+)")
+_DISPATCH = re.compile(r"^(ep|epl|epc)[46]_\d+$")
+_BACKEND = re.compile(r"^(be|bc)[46]_\d+$")
+
+
+class FakeError(Exception):
+    """A command the kernel would refuse; the message names the command."""
+
+
+@dataclass
+class FakeTable:
+    """In-memory state of `inet nodelb`; `exists` is False until a table is added."""
+
+    exists: bool = False
+    chains: dict[str, list[str]] = field(default_factory=dict)
+    chain_specs: dict[str, str] = field(default_factory=dict)
+    set_specs: dict[str, str] = field(default_factory=dict)
+    elements: dict[str, dict[str, str | None]] = field(default_factory=dict)
+
+    # -- applying ---------------------------------------------------------------------------
+
+    def apply(self, tx: Transaction) -> None:
+        """Apply `tx` atomically, or raise FakeError and change nothing."""
+        work = copy.deepcopy(self)
+        for op in tx:
+            try:
+                work._apply_op(op)
+            except FakeError as e:
+                raise FakeError(f"{op.text()[:300]}: {e}") from None
+        self.__dict__.update(work.__dict__)
+
+    def _apply_op(self, op: Op) -> None:
+        kind, _, rest = op.obj.partition(" ")
+        if not rest.startswith(TABLE):
+            raise FakeError("wrong table")
+        rest = rest[len(TABLE) :].strip()
+        if kind == "table":
+            self._table(op.verb)
+            return
+        if not self.exists:
+            raise FakeError("no such table")
+        name, _, body = rest.partition(" ")
+        if kind == "chain":
+            self._chain(op.verb, name, body)
+        elif kind == "rule":
+            if op.verb != "add" or name not in self.chains:
+                raise FakeError("bad rule command or no such chain")
+            self._check_refs(body)
+            self.chains[name].append(body)
+        elif kind in ("set", "map"):
+            self._set(op.verb, name, f"{kind} {body}")
+        elif kind == "element":
+            self._element(op.verb, name, body)
+        else:
+            raise FakeError(f"unknown object {kind}")
+
+    def _table(self, verb: str) -> None:
+        if verb == "add":
+            self.exists = True
+        elif verb == "delete":
+            if not self.exists:
+                raise FakeError("no such table")
+            self.__dict__.update(FakeTable().__dict__)
+        else:
+            raise FakeError(f"table {verb}")
+
+    def _chain(self, verb: str, name: str, spec: str) -> None:
+        if verb == "add":
+            if name in self.chains:
+                if spec and spec != self.chain_specs[name]:
+                    raise FakeError("chain exists with another definition")
+                return
+            self.chains[name] = []
+            self.chain_specs[name] = spec
+        elif verb == "flush":
+            if name not in self.chains:
+                raise FakeError("no such chain")
+            self.chains[name] = []
+        elif verb == "delete":
+            if name not in self.chains:
+                raise FakeError("no such chain")
+            users = self._users(name, exclude_chain=name)
+            if users:
+                raise FakeError(f"chain {name} still referenced by {users[:3]}")
+            del self.chains[name]
+            del self.chain_specs[name]
+
+    def _set(self, verb: str, name: str, spec: str) -> None:
+        if verb == "add":
+            if name in self.set_specs:
+                if spec != self.set_specs[name]:
+                    raise FakeError("set exists with another definition")
+                return
+            self.set_specs[name] = spec
+            self.elements[name] = {}
+        elif verb == "delete":
+            if name not in self.set_specs:
+                raise FakeError("no such set")
+            users = self._users(name, exclude_chain=None)
+            if users:
+                raise FakeError(f"set {name} still referenced by {users[:3]}")
+            del self.set_specs[name]
+            del self.elements[name]
+        else:
+            raise FakeError(f"set {verb}")
+
+    def _element(self, verb: str, name: str, body: str) -> None:
+        if name not in self.elements:
+            raise FakeError("no such set or map")
+        if not (body.startswith("{ ") and body.endswith(" }")):
+            raise FakeError("malformed element list")
+        is_map = self.set_specs[name].startswith("map")
+        elems = self.elements[name]
+        for item in body[2:-2].split(", "):
+            key, sep, value = item.partition(" : ")
+            if verb == "add":
+                if is_map != bool(sep):
+                    raise FakeError(f"element {item!r} does not fit {name}")
+                if key in elems:
+                    raise FakeError(f"element {key!r} already in {name}")
+                if sep:
+                    self._check_refs(value)
+                elems[key] = value if sep else None
+            elif verb == "delete":
+                if key not in elems:
+                    raise FakeError(f"element {key!r} not in {name}")
+                del elems[key]
+            else:
+                raise FakeError(f"element {verb}")
+
+    def _check_refs(self, text: str) -> None:
+        for chain, setname in _REF.findall(text):
+            if chain and chain not in self.chains:
+                raise FakeError(f"no such chain {chain}")
+            if setname and setname not in self.set_specs:
+                raise FakeError(f"no such set {setname}")
+
+    def _users(self, name: str, *, exclude_chain: str | None) -> list[str]:
+        users: list[str] = []
+        for chain, rules in self.chains.items():
+            if chain == exclude_chain:
+                continue
+            users += [f"{chain}: {r}" for r in rules if name in _refs(r)]
+        for setname, elems in self.elements.items():
+            users += [f"{setname}: {k}" for k, v in elems.items() if v and name in _refs(v)]
+        return users
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def verdict_targets(self) -> set[str]:
+        """Return every chain named by a verdict in a map element or a rule."""
+        out: set[str] = set()
+        for elems in self.elements.values():
+            for v in elems.values():
+                if v:
+                    out |= _refs(v)
+        for rules in self.chains.values():
+            for r in rules:
+                out |= _refs(r)
+        return out
+
+    def normalized(self) -> dict[str, object]:
+        """Return a comparable snapshot, ignoring dispatch chains and backend maps no element uses.
+
+        Deltas may leave a dispatch chain for an endpoint count no frontend uses any more; a
+        full render never creates one. Everything else must match exactly.
+        """
+        used = self.verdict_targets()
+        chains = {
+            n: (self.chain_specs[n], tuple(r))
+            for n, r in self.chains.items()
+            if not (_DISPATCH.match(n) and n not in used)
+        }
+        sets = {
+            n: (spec, dict(self.elements[n]))
+            for n, spec in self.set_specs.items()
+            if not (_BACKEND.match(n) and not self.elements[n])
+        }
+        return {"exists": self.exists, "chains": chains, "sets": sets}
+
+
+def _refs(text: str) -> set[str]:
+    return {a or b for a, b in _REF.findall(text)}
+
+
+def applied(*txs: Transaction) -> FakeTable:
+    """Return a fresh FakeTable with `txs` applied in order."""
+    table = FakeTable()
+    for tx in txs:
+        table.apply(tx)
+    return table
