@@ -1,0 +1,412 @@
+"""The applier: puts DesiredState into the kernel's `inet nodelb` table, one transaction per sync.
+
+It keeps a mirror, the last DesiredState the kernel accepted, and sends either the full table
+(`rules.render.render`, which replaces an existing table inside the same batch, so taking over
+from a previous agent has no gap) or the element delta from the mirror (`rules.delta.delta`).
+A refused transaction changes nothing in the kernel (nft batches are atomic), so the mirror
+stays as it was; the caller retries after `SyncResult.retry_after` seconds (exponential
+backoff), and after `full_after_failures` consecutive failures the next attempt is a full
+resync. `check_drift` reads the table back, compares it with the mirror (rules/readback.py),
+and repairs any difference with a full resync. After a successful sync, stale UDP conntrack
+entries that point at removed endpoints are deleted (agent/conntrack.py).
+
+The applier only ever names its own table; it never flushes the ruleset.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from agent import metrics
+from agent.conntrack import ConntrackRunner, delete_stale_udp, removed_udp_endpoints
+from agent.model import DesiredState, FrontendKey
+from agent.nft import NftError, NftRunner
+from rules import layout as L
+from rules.delta import delta
+from rules.plan import RenderError
+from rules.readback import dispatch_backend, expected, from_json
+from rules.render import render, render_cleanup
+from rules.transaction import Op, Transaction
+
+log = logging.getLogger(__name__)
+
+
+class SyncMode(enum.StrEnum):
+    """Which kind of transaction a sync sent."""
+
+    FULL = "full"  # the whole table, replacing what was there
+    PARTIAL = "partial"  # element additions and deletions from the mirror
+    NONE = "none"  # nothing: the delta was empty
+
+
+class SyncOutcome(enum.StrEnum):
+    """Why a sync ended the way it did."""
+
+    APPLIED = "applied"  # the kernel accepted the transaction; the mirror is the new state
+    UNCHANGED = "unchanged"  # the kernel already holds this state; nothing was sent
+    REFUSED = "refused"  # the kernel refused the transaction; the old state stays
+    INVALID = "invalid"  # the state cannot be rendered (RenderError); nothing was sent
+
+
+@dataclass(frozen=True, slots=True)
+class SyncResult:
+    """What one `Dataplane.sync` did.
+
+    `retry_after` is None when the sync succeeded (APPLIED or UNCHANGED); otherwise the caller
+    should call `sync` again (with the same or a newer state) after that many seconds.
+    `error` is nft's (or the renderer's) error text on failure, else None. `failures` counts
+    consecutive failed syncs including this one (0 after a success). `duration` is the time
+    spent rendering and applying, in the injected clock's seconds. `ops` is the number of nft
+    commands sent (0 when nothing was sent). `conntrack_deleted` counts stale UDP entries
+    removed after an applied sync.
+    """
+
+    outcome: SyncOutcome
+    mode: SyncMode
+    duration: float = 0.0
+    ops: int = 0
+    error: str | None = None
+    retry_after: float | None = None
+    failures: int = 0
+    conntrack_deleted: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """Return True when the kernel holds the requested state after this sync."""
+        return self.outcome in (SyncOutcome.APPLIED, SyncOutcome.UNCHANGED)
+
+
+def _element_count(tx: Transaction) -> tuple[int, int]:
+    """Return (elements added, elements deleted) by the element ops of `tx`."""
+    added = deleted = 0
+    for op in tx.ops:
+        if not op.obj.startswith("element "):
+            continue
+        body = op.obj[op.obj.find("{") + 1 : op.obj.rfind("}")]
+        n = body.count(", ") + 1 if body.strip() else 0
+        if op.verb == "add":
+            added += n
+        elif op.verb == "delete":
+            deleted += n
+    return added, deleted
+
+
+def _object_name(op: Op) -> tuple[str, str]:
+    """Return (object kind, object name) of an op on the nodelb table ("", "") otherwise."""
+    kind, _, rest = op.obj.partition(" ")
+    prefix = L.TABLE + " "
+    if not rest.startswith(prefix):
+        return "", ""
+    return kind, rest[len(prefix) :].split(" ", 1)[0]
+
+
+# -- nft 1.0.6: rules over typeof maps loaded from the kernel ---------------------------------
+#
+# nft 1.0.6 refuses a rule that reads a map declared `typeof ... th dport ...` when it loads that
+# map from the kernel instead of from the same batch ("conflicting protocols specified: ip vs.
+# th": it cannot re-evaluate the stored `th dport` key). rules/delta.py adds such rules in two
+# cases: it re-creates a dispatch chain an earlier delta left in the kernel (the chain already
+# has exactly that content, so the re-declaration is dropped), and it creates a dispatch chain
+# of another kind over a backend map that exists (`ep4_1` and `epl4_1` both read `be4_1`); then
+# the applier sends the full table instead. Neither happens once the maps are declared with a
+# key nft can re-evaluate (e.g. `tcp dport`, the same transport-header bytes).
+
+
+def dispatch_objects(tx: Transaction) -> tuple[dict[str, str], set[str]]:
+    """Return (dispatch chains and backend maps `tx` adds, with their declaration; those it
+    deletes), by name. A chain's declaration is the empty string."""
+    added: dict[str, str] = {}
+    deleted: set[str] = set()
+    for op in tx.ops:
+        kind, name = _object_name(op)
+        if (kind == "chain" and dispatch_backend(name) is not None) or (
+            kind == "map" and name.startswith((L.BACKENDS, L.CLUSTER_BACKENDS))
+        ):
+            if op.verb == "add":
+                added.setdefault(name, op.obj if kind == "map" else "")
+            elif op.verb == "delete":
+                deleted.add(name)
+    return added, deleted
+
+
+def rules_over_loaded_maps(tx: Transaction, kernel: Mapping[str, str]) -> list[str]:
+    """Return the dispatch chains to which `tx` adds a rule that nft 1.0.6 refuses.
+
+    That is a rule reading a backend map the kernel already holds (`kernel`: name ->
+    declaration) whose declaration keys on `th dport`. Empty when there is none.
+    """
+    out: list[str] = []
+    for op in tx.ops:
+        kind, name = _object_name(op)
+        if kind != "rule" or op.verb != "add":
+            continue
+        bmap = dispatch_backend(name)
+        if bmap is not None and "th dport" in kernel.get(bmap, ""):
+            out.append(name)
+    return out
+
+
+def skip_existing_dispatch(tx: Transaction, kernel: Mapping[str, str]) -> Transaction:
+    """Return `tx` without the ops that re-declare dispatch chains and maps the kernel holds.
+
+    Dispatch chains are a pure function of their name, so one that exists already has the
+    content the ops would give it.
+    """
+    if not kernel:
+        return tx
+    kept: list[Op] = []
+    for op in tx.ops:
+        kind, name = _object_name(op)
+        if kind in ("chain", "rule") and name in kernel and op.verb != "delete":
+            continue
+        if kind == "map" and name in kernel and op.verb == "add":
+            continue
+        kept.append(op)
+    return tx if len(kept) == len(tx.ops) else Transaction(tuple(kept))
+
+
+class Dataplane:
+    """Applies DesiredState through an NftRunner; see the module docstring for the contract.
+
+    `backoff_initial` and `backoff_max` bound the retry delay (doubling per consecutive
+    failure); `full_after_failures` consecutive failures make the next attempt a full resync.
+    `conntrack` (optional) deletes stale UDP conntrack entries after each applied sync.
+    `mark` is the masquerade mark mask handed to the renderer. Construction does no I/O.
+    """
+
+    def __init__(
+        self,
+        runner: NftRunner,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        conntrack: ConntrackRunner | None = None,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+        full_after_failures: int = 3,
+        mark: int = L.DEFAULT_MASQ_MARK,
+    ) -> None:
+        self._runner = runner
+        self._clock = clock
+        self._conntrack = conntrack
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._full_after = full_after_failures
+        self._mark = mark
+        self._mirror: DesiredState | None = None
+        self._full_pending = True
+        self._failures = 0
+        self._elements = 0
+        self._next_attempt_at: float | None = None
+        self._applied = 0  # transactions the kernel accepted (drift checks compare it)
+        # Keys that may differ from the mirror, from the hints of syncs since the last success
+        # (None: unknown, compare everything).
+        self._pending_hint: set[FrontendKey] | None = set()
+        # Dispatch chains and backend maps in the kernel (deltas keep them once created).
+        self._dispatch: dict[str, str] = {}
+        self._lock = threading.RLock()
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def mirror(self) -> DesiredState | None:
+        """Return the last state the kernel accepted (None before the first applied sync)."""
+        return self._mirror
+
+    @property
+    def failures(self) -> int:
+        """Return the number of consecutive failed syncs (0 after a success)."""
+        return self._failures
+
+    @property
+    def next_full(self) -> bool:
+        """Return True when the next sync will send the full table."""
+        return self._full_pending or self._mirror is None
+
+    @property
+    def next_attempt_at(self) -> float | None:
+        """Return the clock time after which a failed sync should be retried (None if ok)."""
+        return self._next_attempt_at
+
+    def request_full(self) -> None:
+        """Make the next sync a full resync (on demand, e.g. from an admin endpoint)."""
+        with self._lock:
+            self._full_pending = True
+
+    # -- sync --------------------------------------------------------------------------------
+
+    def sync(
+        self,
+        desired: DesiredState,
+        *,
+        full: bool = False,
+        changed: Iterable[FrontendKey] | None = None,
+    ) -> SyncResult:
+        """Apply `desired` in one transaction and return what happened.
+
+        Sends the full table on the first sync, when `full` is True, after `request_full`,
+        after drift, and after `full_after_failures` consecutive failures; otherwise the delta
+        from the mirror (nothing at all if the delta is empty). Never raises for a refused
+        transaction or an unrenderable state: the result says so, and when to retry.
+
+        `changed` optionally names the frontend keys that may differ from the state passed to
+        the previous `sync` call (None: any key may). With it, a delta costs time in the
+        number of changed frontends instead of all of them; hints of failed syncs are kept
+        and merged until one succeeds, so a retry with a newer hint stays correct.
+        """
+        with self._lock:
+            start = self._clock()
+            hint = self._merge_hint(changed)
+            mode = SyncMode.FULL if (full or self.next_full) else SyncMode.PARTIAL
+            try:
+                if mode is SyncMode.FULL:
+                    tx = render(desired, mark=self._mark)
+                else:
+                    assert self._mirror is not None
+                    tx = delta(self._mirror, desired, mark=self._mark, candidates=hint)
+                    tx = skip_existing_dispatch(tx, self._dispatch)
+                    if blocked := rules_over_loaded_maps(tx, self._dispatch):
+                        log.info("delta adds %s over existing maps; sending full", blocked)
+                        mode = SyncMode.FULL
+                        tx = render(desired, mark=self._mark)
+            except RenderError as exc:
+                return self._failed(SyncOutcome.INVALID, mode, start, 0, str(exc))
+            if not tx.ops:
+                self._mirror = desired
+                self._pending_hint = set()
+                self._failures = 0
+                self._next_attempt_at = None
+                return SyncResult(SyncOutcome.UNCHANGED, SyncMode.NONE, self._clock() - start)
+            try:
+                self._runner.run(tx.text())
+            except NftError as exc:
+                return self._failed(SyncOutcome.REFUSED, mode, start, len(tx.ops), exc.text)
+            duration = self._clock() - start
+            old = self._mirror
+            self._mirror = desired
+            self._applied += 1
+            self._pending_hint = set()
+            self._failures = 0
+            self._full_pending = False
+            self._next_attempt_at = None
+            objs_added, objs_deleted = dispatch_objects(tx)
+            if mode is SyncMode.FULL:
+                self._dispatch = objs_added
+            else:
+                self._dispatch = {
+                    k: v for k, v in (objs_added | self._dispatch).items() if k not in objs_deleted
+                }
+            added, deleted = _element_count(tx)
+            self._elements = added if mode is SyncMode.FULL else self._elements + added - deleted
+            metrics.SYNC_DURATION.labels(mode=mode.value).observe(duration)
+            metrics.PROGRAMMED_FRONTENDS.set(len(desired.frontends))
+            metrics.PROGRAMMED_MAP_ELEMENTS.set(self._elements)
+            cleared = self._clear_conntrack(old, desired, hint)
+            return SyncResult(
+                SyncOutcome.APPLIED, mode, duration, len(tx.ops), conntrack_deleted=cleared
+            )
+
+    def _failed(
+        self, outcome: SyncOutcome, mode: SyncMode, start: float, ops: int, error: str
+    ) -> SyncResult:
+        self._failures += 1
+        if outcome is SyncOutcome.REFUSED:
+            metrics.NFT_TRANSACTION_FAILURES.inc()
+        if self._failures >= self._full_after:
+            self._full_pending = True
+        retry = min(self._backoff_max, self._backoff_initial * 2 ** (self._failures - 1))
+        now = self._clock()
+        self._next_attempt_at = now + retry
+        log.warning(
+            "%s sync %s (failure %d in a row, retry in %.2fs): %s",
+            mode.value,
+            outcome.value,
+            self._failures,
+            retry,
+            error,
+        )
+        return SyncResult(
+            outcome,
+            mode,
+            now - start,
+            ops,
+            error=error,
+            retry_after=retry,
+            failures=self._failures,
+        )
+
+    def _merge_hint(self, changed: Iterable[FrontendKey] | None) -> set[FrontendKey] | None:
+        """Return the keys that may differ from the mirror (None: any), counting failed syncs."""
+        if changed is None or self._pending_hint is None:
+            self._pending_hint = None
+            return None
+        self._pending_hint |= set(changed)
+        return set(self._pending_hint)
+
+    def _clear_conntrack(
+        self, old: DesiredState | None, new: DesiredState, hint: set[FrontendKey] | None
+    ) -> int:
+        if self._conntrack is None or old is None:
+            return 0
+        removed = removed_udp_endpoints(old, new, candidates=hint)
+        if not removed:
+            return 0
+        deleted, errors = delete_stale_udp(self._conntrack, removed)
+        metrics.CONNTRACK_DELETED.inc(deleted)
+        if errors:
+            metrics.CONNTRACK_FAILURES.inc(len(errors))
+        return deleted
+
+    # -- drift -------------------------------------------------------------------------------
+
+    def check_drift(self) -> bool:
+        """Return True when the kernel's table differed from the mirror (and was resynced).
+
+        Reads the table back and compares it with what the mirror says must be there. On a
+        difference the drift is logged and counted and a full resync of the mirror is sent at
+        once (if that fails, the next `sync` is full as well). False when there is no mirror
+        yet (nothing applied), when the table matches, and when a sync was applied while the
+        table was being read (the reading may mix both states; check again later). Raises
+        NftError when the table cannot be read.
+
+        The read and the comparison (seconds at 10k Services: `nft -j list table` dominates)
+        run without holding the sync lock, so syncs are not delayed by them.
+        """
+        with self._lock:
+            mirror, applied = self._mirror, self._applied
+        if mirror is None:
+            return False
+        have = from_json(self._runner.list_table(L.TABLE_FAMILY, L.TABLE_NAME))
+        diffs = expected(mirror, mark=self._mark).differences(have)
+        if not diffs:
+            return False
+        with self._lock:
+            if self._applied != applied:
+                return False
+            metrics.NFT_DRIFT_REPAIRS.inc()
+            log.warning("nodelb table drifted from the mirror; full resync: %s", "; ".join(diffs))
+            self._full_pending = True
+            self.sync(mirror, full=True)
+            return True
+
+    # -- cleanup -----------------------------------------------------------------------------
+
+    def cleanup(self) -> None:
+        """Remove the nodelb table (and nothing else); the next sync is full.
+
+        Raises NftError if the kernel refuses (it does not when the table is already absent).
+        """
+        with self._lock:
+            self._runner.run(render_cleanup().text())
+            self._applied += 1
+            self._mirror = None
+            self._pending_hint = set()
+            self._full_pending = True
+            self._elements = 0
+            self._dispatch = {}
+            metrics.PROGRAMMED_FRONTENDS.set(0)
+            metrics.PROGRAMMED_MAP_ELEMENTS.set(0)

@@ -1,0 +1,215 @@
+"""The only code that talks to libnftables: run a transaction's text, read a table back as JSON.
+
+libnftables (1.0.6) opens its netlink socket when the context is created (`nft_ctx_new`, i.e.
+`nftables.Nftables()`), and every later command goes through that socket, so a context is bound
+to the network namespace its creating thread was in at that moment (verified with strace: the
+`socket(AF_NETLINK, …, NETLINK_NETFILTER)` call happens inside `Nftables()`, and a context
+created in namespace A keeps programming A after its thread moves to B).
+
+`LibNftRunner` programs the namespace of the thread that constructs it (on a node that is the
+host namespace, the agent runs with hostNetwork). `NetnsNftRunner` is for tests and tools: it
+owns one worker thread that enters `/run/netns/<name>` once, never leaves, refuses to go on if
+it still sees the namespace it started in, and creates its LibNftRunner there; every call is
+marshalled to that thread.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import ctypes
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+import nftables
+
+CLONE_NEWNET = 0x40000000
+NETNS_DIR = Path("/run/netns")
+
+
+class NftError(RuntimeError):
+    """nft refused a command; `text` is nft's own error output (empty if it printed none)."""
+
+    def __init__(self, message: str, text: str = "") -> None:
+        super().__init__(message)
+        self.text = text
+
+
+class NftRunner(Protocol):
+    """Runs nft scripts and reads tables back, in one fixed network namespace."""
+
+    def run(self, text: str) -> None:
+        """Run `text` (what `nft -f` reads) as one atomic batch; raise NftError if refused."""
+        ...
+
+    def list_table(self, family: str, name: str) -> dict[str, Any] | None:
+        """Return `nft -j list table family name` parsed, or None if the table does not exist."""
+        ...
+
+
+def netns_inode(path: str = "/proc/thread-self/ns/net") -> int:
+    """Return the inode that identifies the network namespace at `path` (the calling thread's)."""
+    return os.stat(path).st_ino
+
+
+def root_netns_inodes() -> frozenset[int]:
+    """Return the inodes of every namespace this process treats as "root" (never programmed).
+
+    That is PID 1's namespace when readable (it is not in every container), and always the
+    namespace this process's main thread is in.
+    """
+    found = {netns_inode(f"/proc/{os.getpid()}/ns/net")}
+    with contextlib.suppress(OSError):
+        found.add(netns_inode("/proc/1/ns/net"))
+    return frozenset(found)
+
+
+TRIM_AFTER_BYTES = 1 << 20
+"""After a command or listing this large, return freed heap to the OS (glibc malloc_trim).
+
+libnftables parses a full 10k-Service table (5.6 MB of text) into ~250 MB of heap that it
+frees afterwards, but glibc keeps it mapped; trimming brings the agent back to its baseline."""
+
+
+def _malloc_trim() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
+
+
+class LibNftRunner:
+    """An NftRunner over libnftables in the namespace of the thread that constructs it.
+
+    Constructing it opens the netlink sockets (that is how libnftables 1.0.6 works), so build
+    it in the thread and namespace that it must program. It holds two contexts, one for
+    transactions and one (JSON output) for listings, so a slow `list_table` (seconds for a
+    10k-Service table) does not delay a transaction run from another thread.
+    """
+
+    def __init__(self) -> None:
+        self._nft: Any = nftables.Nftables()
+        self._nft.set_json_output(False)
+        self._nft.set_handle_output(False)
+        self._reader: Any = nftables.Nftables()
+        self._reader.set_json_output(True)
+        self._lock = threading.Lock()
+        self._read_lock = threading.Lock()
+
+    def run(self, text: str) -> None:
+        """Run `text` as one batch; raise NftError with nft's error text if it is refused."""
+        with self._lock:
+            rc, _out, err = self._nft.cmd(text)
+            if len(text) >= TRIM_AFTER_BYTES:
+                _malloc_trim()
+        if rc != 0:
+            err = str(err).strip()
+            raise NftError(f"nft refused the transaction (rc={rc}): {err}", err)
+
+    def list_table(self, family: str, name: str) -> dict[str, Any] | None:
+        """Return the table as parsed `nft -j list table` output, or None if it is absent."""
+        with self._read_lock:
+            rc, out, err = self._reader.cmd(f"list table {family} {name}")
+            if len(out) >= TRIM_AFTER_BYTES:
+                _malloc_trim()
+        if rc != 0:
+            err = str(err).strip()
+            if "No such file or directory" in err:
+                return None
+            raise NftError(f"nft list table {family} {name} failed (rc={rc}): {err}", err)
+        return cast(dict[str, Any], json.loads(out))
+
+
+def _setns(path: Path) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"setns({path}): {os.strerror(errno)}")
+    finally:
+        os.close(fd)
+
+
+class NetnsNftRunner:
+    """An NftRunner that runs libnftables inside the named namespace, from its own thread.
+
+    Calls are serialized through that one thread (a long listing delays a run); it is meant
+    for tests and tools. Construction only records the name; `start()` (also called by the
+    first `run` or `list_table`) starts the worker thread, which enters `/run/netns/<ns_name>`
+    and checks that it is no longer in a root namespace before creating the contexts.
+    `close()` stops the thread (it is never returned to the original namespace; it just ends).
+    """
+
+    def __init__(self, ns_name: str) -> None:
+        self.ns_name = ns_name
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._runner: LibNftRunner | None = None
+        self._lock = threading.Lock()
+
+    def _enter(self) -> None:
+        path = NETNS_DIR / self.ns_name
+        roots = root_netns_inodes()
+        target = netns_inode(str(path))
+        if target in roots:
+            raise NftError(f"refusing to program {path}: it is the root network namespace")
+        _setns(path)
+        here = netns_inode()
+        if here != target or here in roots:
+            raise NftError(f"worker thread is not in {path} after setns (inode {here})")
+        self._runner = LibNftRunner()
+
+    def start(self) -> None:
+        """Start the worker thread and enter the namespace (idempotent)."""
+        with self._lock:
+            if self._pool is not None:
+                return
+            pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"nft-{self.ns_name}"
+            )
+            try:
+                pool.submit(self._enter).result()
+            except BaseException:
+                pool.shutdown(wait=True)
+                raise
+            self._pool = pool
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        self.start()
+        assert self._pool is not None
+        return self._pool.submit(fn, *args).result()
+
+    def run(self, text: str) -> None:
+        """Run `text` inside the namespace as one batch; raise NftError if refused."""
+        self._call(self._run, text)
+
+    def list_table(self, family: str, name: str) -> dict[str, Any] | None:
+        """Return the table in the namespace as parsed JSON, or None if it is absent."""
+        return cast(dict[str, Any] | None, self._call(self._list, family, name))
+
+    def _run(self, text: str) -> None:
+        assert self._runner is not None
+        self._runner.run(text)
+
+    def _list(self, family: str, name: str) -> dict[str, Any] | None:
+        assert self._runner is not None
+        return self._runner.list_table(family, name)
+
+    def close(self) -> None:
+        """Stop the worker thread (idempotent); the context is freed with it."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.submit(self._drop).result()
+            pool.shutdown(wait=True)
+
+    def _drop(self) -> None:
+        self._runner = None
+
+    def __enter__(self) -> NetnsNftRunner:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,261 @@
+"""Normalized snapshots of the nodelb table, to compare the kernel with the applier's mirror.
+
+`expected(desired)` says what `render(desired)` puts in the table; `from_json(nft_json)` reads
+what `nft -j list table inet nodelb` shows. Both return a `Snapshot` of plain data, so drift is
+`expected(mirror) != from_json(kernel)`, and `differences` names what differs. Pure: no I/O.
+
+Normalization (what is compared and what is not):
+- every set and map by name, with its elements as canonical strings `key` or `key : value`
+  (atoms joined by " . ", addresses in `ipaddress` text form, a full-length prefix written as
+  a plain address, verdicts as `goto <chain>` / `accept` / ...);
+- the elements of session-affinity sets (`afa…`) are not compared: the kernel fills them with
+  client addresses at run time; only their existence is;
+- every chain by name, with its number of rules (rule text is not compared);
+- a dispatch chain no map element jumps to, and then a backend map that is empty and read by
+  no remaining dispatch chain, are left out: deltas keep them once created (rules/delta.py),
+  and nothing reaches them. (A frontend whose verdict element is missing shows up as an
+  element difference.)
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from agent.model import DesiredState
+from rules import layout as L
+from rules.plan import Contributions, Emitter, dispatch_ops, node_elements
+from rules.render import base_chain_ops, skeleton_ops
+from rules.transaction import Op
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The comparable content of the nodelb table.
+
+    `present` is False when the table does not exist (then `sets` and `chains` are empty).
+    `sets` maps every set and map name to its canonical element strings; `chains` maps every
+    chain name to its rule count.
+    """
+
+    present: bool
+    sets: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    chains: Mapping[str, int] = field(default_factory=dict)
+
+    def element_count(self) -> int:
+        """Return the number of set and map elements in the snapshot."""
+        return sum(len(v) for v in self.sets.values())
+
+    def differences(self, other: Snapshot, *, limit: int = 20) -> list[str]:
+        """Return one line per difference from self (expected) to `other` (actual), at most
+        `limit` lines plus a count of the rest; empty when the snapshots are equal."""
+        out: list[str] = []
+        if self.present != other.present:
+            out.append(f"table present: expected {self.present}, found {other.present}")
+        for name in sorted(self.sets.keys() | other.sets.keys()):
+            a, b = self.sets.get(name), other.sets.get(name)
+            if a is None:
+                out.append(f"unexpected set/map {name}")
+            elif b is None:
+                out.append(f"missing set/map {name}")
+            else:
+                out.extend(f"{name}: missing element {e}" for e in sorted(a - b))
+                out.extend(f"{name}: unexpected element {e}" for e in sorted(b - a))
+        for name in sorted(self.chains.keys() | other.chains.keys()):
+            ca, cb = self.chains.get(name), other.chains.get(name)
+            if ca is None:
+                out.append(f"unexpected chain {name}")
+            elif cb is None:
+                out.append(f"missing chain {name}")
+            elif ca != cb:
+                out.append(f"chain {name}: expected {ca} rules, found {cb}")
+        if len(out) > limit:
+            out = [*out[:limit], f"... and {len(out) - limit} more"]
+        return out
+
+
+ABSENT = Snapshot(present=False)
+"""The snapshot of a namespace with no nodelb table."""
+
+
+@lru_cache(maxsize=65536)
+def _canon_atom(atom: str) -> str:
+    """Return the canonical text of one element atom (address, prefix, or anything else)."""
+    if "." not in atom and ":" not in atom:
+        return atom
+    try:
+        if "/" in atom:
+            net = ipaddress.ip_network(atom, strict=False)
+            if net.prefixlen == net.max_prefixlen:
+                return str(net.network_address)
+            return net.with_prefixlen
+        return str(ipaddress.ip_address(atom))
+    except ValueError:
+        return atom
+
+
+def _canon_text(text: str) -> str:
+    """Return a renderer-syntax element (`a . b . c` or `a . b : v`) in canonical form."""
+    key, sep, value = text.partition(" : ")
+    out = " . ".join(_canon_atom(a) for a in key.split(" . "))
+    if sep:
+        out += " : " + " . ".join(_canon_atom(a) for a in value.split(" . "))
+    return out
+
+
+def _is_dynamic(name: str) -> bool:
+    return name.startswith(L.AFF_SET)
+
+
+def dispatch_backend(name: str) -> str | None:
+    """Return the backend map the dispatch chain `name` reads (None if `name` is not one)."""
+    for kind in L.DISPATCH_KINDS:
+        if name.startswith(kind) and name[len(kind) : len(kind) + 1] in ("4", "6"):
+            fam, _, n = name[len(kind) :].partition("_")
+            if n.isdigit() and fam in ("4", "6"):
+                return L.backend_map(kind, int(fam), int(n))
+    return None
+
+
+def _prune(sets: dict[str, frozenset[str]], chains: dict[str, int]) -> None:
+    """Drop dispatch chains no map element jumps to, then backend maps left empty and unread."""
+    used: set[str] = set()
+    for elements in sets.values():
+        for e in elements:
+            _, sep, value = e.partition(" : ")
+            verb, _, target = value.partition(" ")
+            if sep and verb in ("goto", "jump"):
+                used.add(target)
+    read: set[str] = set()
+    for chain in list(chains):
+        bmap = dispatch_backend(chain)
+        if bmap is None:
+            continue
+        if chain in used:
+            read.add(bmap)
+        else:
+            del chains[chain]
+    for name in [
+        n for n, e in sets.items() if not e and n.startswith((L.BACKENDS, L.CLUSTER_BACKENDS))
+    ]:
+        if name not in read:
+            del sets[name]
+
+
+def _structure(ops: Iterable[Op], sets: dict[str, frozenset[str]], chains: dict[str, int]) -> None:
+    """Record the sets, maps, chains and rule counts that `ops` create."""
+    prefix = L.TABLE + " "
+    for op in ops:
+        if op.verb != "add":
+            continue
+        kind, _, rest = op.obj.partition(" ")
+        if not rest.startswith(prefix):
+            continue
+        name = rest[len(prefix) :].split(" ", 1)[0]
+        if kind in ("set", "map"):
+            sets.setdefault(name, frozenset())
+        elif kind == "chain":
+            chains.setdefault(name, 0)
+        elif kind == "rule":
+            chains[name] = chains.get(name, 0) + 1
+
+
+def expected(desired: DesiredState, *, mark: int = L.DEFAULT_MASQ_MARK) -> Snapshot:
+    """Return the snapshot of the table `rules.render.render(desired)` builds.
+
+    Raises RenderError (from rules/plan.py) if `desired` cannot be rendered.
+    """
+    acc = Contributions()
+    emitter = Emitter(mark)
+    for fe in desired.frontends.values():
+        emitter.emit(acc, fe)
+    sets: dict[str, frozenset[str]] = {}
+    chains: dict[str, int] = {}
+    _structure(skeleton_ops(mark), sets, chains)
+    for dkey in sorted(acc.dispatch):
+        _structure(dispatch_ops(dkey, mark, flush=False), sets, chains)
+    for unit in acc.units.values():
+        _structure(unit.add, sets, chains)
+    _structure(base_chain_ops(mark), sets, chains)
+    elements: dict[str, list[tuple[str, str | None]]] = dict(acc.elements)
+    elements.update(node_elements(desired))
+    for name, pairs in elements.items():
+        if _is_dynamic(name):
+            continue
+        sets[name] = frozenset(_canon_text(k if v is None else f"{k} : {v}") for k, v in pairs)
+    _prune(sets, chains)
+    return Snapshot(present=True, sets=sets, chains=chains)
+
+
+def _json_atom(value: Any) -> str:
+    """Return the canonical text of one JSON element atom."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return _canon_atom(value)
+    if isinstance(value, dict):
+        if "concat" in value:
+            return " . ".join(_json_atom(v) for v in value["concat"])
+        if "prefix" in value:
+            p = value["prefix"]
+            return _canon_atom(f"{p['addr']}/{p['len']}")
+        if "range" in value:
+            lo, hi = value["range"]
+            return f"{_json_atom(lo)}-{_json_atom(hi)}"
+        if "elem" in value:
+            return _json_atom(value["elem"]["val"])
+        for verdict in ("goto", "jump"):
+            if verdict in value:
+                return f"{verdict} {value[verdict]['target']}"
+        if len(value) == 1:  # accept, drop, continue, return: {"accept": null}
+            return str(next(iter(value)))
+    return repr(value)
+
+
+def _json_element(elem: Any) -> str:
+    if isinstance(elem, list) and len(elem) == 2:
+        return f"{_json_atom(elem[0])} : {_json_atom(elem[1])}"
+    return _json_atom(elem)
+
+
+def from_json(nft_json: Mapping[str, Any] | None) -> Snapshot:
+    """Return the snapshot of `nft -j list table inet nodelb` output (None: table absent).
+
+    Objects of other tables, if present in the input, are ignored.
+    """
+    if nft_json is None:
+        return ABSENT
+    present = False
+    sets: dict[str, frozenset[str]] = {}
+    chains: dict[str, int] = {}
+    for item in nft_json.get("nftables", ()):
+        if not isinstance(item, dict) or len(item) != 1:
+            continue
+        ((kind, obj),) = item.items()
+        if not isinstance(obj, dict):
+            continue
+        if kind == "table":
+            if obj.get("family") == L.TABLE_FAMILY and obj.get("name") == L.TABLE_NAME:
+                present = True
+            continue
+        if obj.get("family") != L.TABLE_FAMILY or obj.get("table") != L.TABLE_NAME:
+            continue
+        if kind in ("set", "map"):
+            name = obj["name"]
+            if _is_dynamic(name):
+                sets[name] = frozenset()
+            else:
+                sets[name] = frozenset(_json_element(e) for e in obj.get("elem", ()))
+        elif kind == "chain":
+            chains.setdefault(obj["name"], 0)
+        elif kind == "rule":
+            chains[obj["chain"]] = chains.get(obj["chain"], 0) + 1
+    if not present:
+        return ABSENT
+    _prune(sets, chains)
+    return Snapshot(present=True, sets=sets, chains=chains)
