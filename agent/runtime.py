@@ -32,7 +32,7 @@ from agent.endpoints import Slice
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
 from agent.kube.reflector import ListFn, Reflector
 from agent.kube.store import Change
-from agent.model import DesiredState, IPAddress
+from agent.model import DesiredState, FrontendKey, IPAddress
 from agent.policy import classify, is_ours
 from agent.schedule import SyncSchedule
 from agent.services import InvalidService, Node, Service
@@ -43,7 +43,13 @@ log = logging.getLogger(__name__)
 class DataplaneLike(Protocol):
     """What the loop needs from agent/dataplane.py."""
 
-    def sync(self, desired: DesiredState, *, full: bool = False) -> Any: ...
+    def sync(
+        self,
+        desired: DesiredState,
+        *,
+        full: bool = False,
+        changed: Iterable[FrontendKey] | None = None,
+    ) -> Any: ...
 
     def check_drift(self) -> bool: ...
 
@@ -119,6 +125,7 @@ class Agent:
         self.status = AgentStatus()
         self.ready = threading.Event()
         self._reflectors: list[Reflector[Any]] = []
+        self._drift_thread: threading.Thread | None = None
 
     # --- change intake (reflector threads) -------------------------------------------------
 
@@ -161,7 +168,7 @@ class Agent:
     def compute(self) -> DesiredState:
         """Return the DesiredState for everything ingested, by the loop's own code path."""
         with self._cond:
-            desired, _ = self._recompute(everything=True)
+            desired, _, _ = self._recompute(everything=True)
         return desired
 
     # --- the loop ---------------------------------------------------------------------------
@@ -232,15 +239,34 @@ class Agent:
             if not (full or sync_pending or self._all_dirty):
                 desired = None
             else:
-                desired, touched = self._recompute(everything=full or self._all_dirty)
-            schedule_before = self._schedule
+                desired, touched, changed = self._recompute(everything=full or self._all_dirty)
         if desired is not None:
-            self._sync(desired, touched, full=full, now=now, schedule_before=schedule_before)
+            self._sync(desired, touched, changed, full=full, now=now)
         if now >= self._schedule.drift_due() and self.status.first_sync_done:
-            if self._dataplane.check_drift():
-                log.warning("drift in the nodelb table was found and repaired")
             with self._cond:
                 self._schedule = self._schedule.drift_checked(now)
+            self._start_drift_check()
+
+    def _start_drift_check(self) -> None:
+        """Read the table back on a thread of its own: at 10k Services the read takes seconds,
+        and syncs must not wait for it (the dataplane drops a check that a sync overtook)."""
+        if self._drift_thread is not None and self._drift_thread.is_alive():
+            return
+
+        def check() -> None:
+            try:
+                if self._dataplane.check_drift():
+                    log.warning("drift in the nodelb table was found and repaired")
+            except Exception:
+                log.exception("drift check failed")
+
+        self._drift_thread = threading.Thread(target=check, name="drift-check", daemon=True)
+        self._drift_thread.start()
+
+    def wait_drift_check(self, timeout: float | None = None) -> None:
+        """Wait for a running drift check to finish (tests)."""
+        if self._drift_thread is not None:
+            self._drift_thread.join(timeout)
 
     def _policy(self) -> PolicyView:
         return PolicyView(
@@ -263,8 +289,14 @@ class Agent:
                     out.setdefault(ip, svc.key)
         return out
 
-    def _recompute(self, *, everything: bool) -> tuple[DesiredState, set[str]]:
-        """Recompute dirty Services (caller holds the lock); return the state and the keys."""
+    def _recompute(
+        self, *, everything: bool
+    ) -> tuple[DesiredState, set[str], set[FrontendKey] | None]:
+        """Recompute dirty Services (caller holds the lock).
+
+        Returns the state, the Service keys with problems to report, and the frontend keys
+        that may have changed (None when everything was recomputed).
+        """
         allocated = self._allocations()
         dirty = set(self._dirty)
         if allocated != self._allocated:
@@ -280,7 +312,11 @@ class Agent:
         node = self._cache.this_node()
         view = NodeView(name=self.cfg.node_name, zone=node.zone if node else None)
         policy = self._policy()
+        changed: set[FrontendKey] = set()
         for key in dirty:
+            previous = self._results.get(key)
+            if previous is not None:
+                changed.update(fe.key for fe in previous.frontends)
             svc = self._cache.services.get(key)
             if svc is None:
                 self._results.pop(key, None)
@@ -304,6 +340,7 @@ class Agent:
                     result.problems + extra,
                 )
             self._results[key] = result
+            changed.update(fe.key for fe in result.frontends)
         self._dirty.clear()
         self._all_dirty = False
         held: frozenset[IPAddress] = frozenset()
@@ -316,20 +353,20 @@ class Agent:
             problems[key] = problems.get(key, ()) + conflicts
         self.status.problems = problems
         self.status.services = len(self._results)
-        return assembly.desired, set(problems)
+        return assembly.desired, set(problems), (None if everything else changed)
 
     def _sync(
         self,
         desired: DesiredState,
         touched: set[str],
+        changed: set[FrontendKey] | None,
         *,
         full: bool,
         now: float,
-        schedule_before: SyncSchedule,
     ) -> None:
         full = full or not self.status.first_sync_done
         try:
-            result = self._dataplane.sync(desired, full=full)
+            result = self._dataplane.sync(desired, full=full, changed=changed)
             ok = bool(getattr(result, "ok", True))
             retry_after = float(getattr(result, "retry_after", 1.0) or 1.0)
             error = str(getattr(result, "error", "") or "")

@@ -10,7 +10,7 @@ from agent.cache import new_stores
 from agent.config import AgentConfig, SyncTiming
 from agent.kube.events import ListSink
 from agent.kube.store import EventType
-from agent.model import DesiredState
+from agent.model import DesiredState, FrontendKey
 from agent.runtime import Agent, ListFns
 
 
@@ -25,10 +25,12 @@ class SyncResult:
 class FakeDataplane:
     fail: bool = False
     syncs: list[tuple[DesiredState, bool]] = field(default_factory=list)
+    hints: list[set[FrontendKey] | None] = field(default_factory=list)
     drift_checks: int = 0
 
-    def sync(self, desired: DesiredState, *, full: bool = False) -> SyncResult:
+    def sync(self, desired: DesiredState, *, full: bool = False, changed: Any = None) -> SyncResult:
         self.syncs.append((desired, full))
+        self.hints.append(None if changed is None else set(changed))
         return SyncResult(ok=not self.fail, error="nft said no" if self.fail else "")
 
     def check_drift(self) -> bool:
@@ -104,6 +106,9 @@ def test_nothing_pending_means_no_sync_and_a_change_means_a_partial_one() -> Non
     desired, full = dp.syncs[-1]
     assert not full
     assert len(desired.frontends) == 2
+    # Only the changed Service's frontend is named, so the delta need not compare all.
+    assert dp.hints[0] is None
+    assert [str(k.ip) for k in dp.hints[-1] or ()] == ["198.18.0.202"]
 
 
 def test_a_failed_sync_is_retried_after_the_backoff_and_the_warning_is_not_repeated() -> None:
@@ -129,4 +134,5 @@ def test_drift_is_checked_on_its_period_after_the_first_sync() -> None:
     assert dp.drift_checks == 0
     clock.now += 61
     agent.step()
+    agent.wait_drift_check(timeout=10)
     assert dp.drift_checks == 1
