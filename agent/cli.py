@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import orjson
+from kubernetes import client
 
+from agent import logs
 from agent.config import ConfigError, load_config
-from agent.kube.events import ListSink
+from agent.conntrack import ToolConntrackRunner
+from agent.dataplane import Dataplane
+from agent.health import HealthServer
+from agent.kube.client import api_client
+from agent.kube.events import KubeEventSink, ListSink
 from agent.manifests import ManifestError, load_files
 from agent.nft import LibNftRunner
 from agent.report import desired_dict
-from agent.runtime import Agent, ListFns
+from agent.runtime import Agent, ListFns, list_fns
 from rules.render import RenderError, render, render_cleanup
 
 
@@ -58,6 +67,45 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_agent(args: argparse.Namespace) -> int:
+    """Run the node agent until SIGTERM/SIGINT."""
+    logs.setup(args.log_level, args.log_format)
+    log = logging.getLogger("nodelb.agent")
+    cfg = load_config(args.config, node_name=args.node_name)
+    if not cfg.node_name:
+        raise ConfigError("the node name is unset: pass --node-name or set $NODE_NAME")
+    api = api_client(args.kubeconfig)
+    events = KubeEventSink(client.CoreV1Api(api), component="nodelb-agent", host=cfg.node_name)
+    dataplane = Dataplane(LibNftRunner(), conntrack=ToolConntrackRunner())
+    agent = Agent(cfg, dataplane=dataplane, events=events, lists=list_fns(api))
+    stop = threading.Event()
+    loop = threading.Thread(target=agent.run, args=(stop,), name="agent", daemon=True)
+    health = HealthServer(
+        args.metrics_address or cfg.metrics_address,
+        alive=loop.is_alive,
+        ready=agent.ready.is_set,
+    )
+
+    def on_signal(signum: int, frame: object) -> None:
+        log.info("stopping", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    events.run()
+    health.run()
+    log.info("agent starting", extra={"node": cfg.node_name, "metrics_port": health.port})
+    loop.start()
+    while loop.is_alive():
+        loop.join(timeout=0.5)
+    health.close()
+    events.close()
+    # The table stays in place: a restarted agent takes it over in one transaction, and
+    # traffic keeps flowing meanwhile. `nodelb cleanup` removes it.
+    log.info("agent stopped")
+    return 0
+
+
 def cmd_cleanup(args: argparse.Namespace) -> int:
     """Remove the nodelb table from this network namespace (no other table is touched)."""
     LibNftRunner().run(render_cleanup().text())
@@ -68,6 +116,15 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nodelb", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("agent", help="run the node agent")
+    p.add_argument("--config", type=Path, default=None)
+    p.add_argument("--kubeconfig", type=Path, default=None, help="default: in-cluster")
+    p.add_argument("--node-name", default=None, help="default: $NODE_NAME")
+    p.add_argument("--metrics-address", default=None, help="host:port for /metrics, /healthz")
+    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-format", choices=("json", "text"), default="json")
+    p.set_defaults(func=cmd_agent)
 
     p = sub.add_parser("render", help="print the nft transaction the agent would apply")
     p.add_argument("--node", required=True, help="the node to render for")
