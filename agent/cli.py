@@ -32,7 +32,7 @@ def _no_api(**kwargs: Any) -> Any:
 
 
 class _NoDataplane:
-    def sync(self, desired: Any, *, full: bool = False) -> Any:
+    def sync(self, desired: Any, *, full: bool = False, changed: Any = None) -> Any:
         raise RuntimeError("render never programs the kernel")
 
     def check_drift(self) -> bool:
