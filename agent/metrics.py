@@ -34,3 +34,22 @@ CONNTRACK_FAILURES = Counter(
     "nodelb_conntrack_delete_failures_total",
     "conntrack deletions that failed.",
 )
+SERVICE_PROBLEMS = Counter(
+    "nodelb_service_problems_total",
+    "Problems reported as Warning Events (malformed Services or slices, refused externalIPs,"
+    " port mismatches, frontend conflicts), by reason.",
+    ["reason"],
+)
+EXTERNAL_IPS_REFUSED = Counter(
+    "nodelb_external_ips_refused_total",
+    "externalIPs refused (outside the allow-list, or a pool address not allocated to the Service).",
+)
+SERVICES_HANDLED = Gauge(
+    "nodelb_services",
+    "Services in the agent's cache that were evaluated for this node.",
+)
+WATCH_RESTARTS = Counter(
+    "nodelb_watch_restarts_total",
+    "List/watch restarts, by resource and reason (gone: relist after 410; error: reconnect).",
+    ["resource", "reason"],
+)

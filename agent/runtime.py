@@ -17,6 +17,7 @@ from typing import Any, Protocol, cast
 
 from kubernetes import client
 
+from agent import metrics
 from agent.cache import BadSlice, ClusterCache, new_stores
 from agent.config import AgentConfig
 from agent.desired import (
@@ -176,21 +177,31 @@ class Agent:
     def run(self, stop: threading.Event) -> None:
         """Watch and sync until `stop` is set."""
         services, slices, nodes = new_stores()
+
+        def restarted(resource: str) -> Callable[[str], None]:
+            return lambda reason: metrics.WATCH_RESTARTS.labels(resource, reason).inc()
+
         self._reflectors = [
             Reflector(
                 name="services",
                 list_fn=self._lists.services,
                 store=services,
                 on_changes=self._on_services,
+                on_restart=restarted("services"),
             ),
             Reflector(
                 name="endpointslices",
                 list_fn=self._lists.slices,
                 store=slices,
                 on_changes=self._on_slices,
+                on_restart=restarted("endpointslices"),
             ),
             Reflector(
-                name="nodes", list_fn=self._lists.nodes, store=nodes, on_changes=self._on_nodes
+                name="nodes",
+                list_fn=self._lists.nodes,
+                store=nodes,
+                on_changes=self._on_nodes,
+                on_restart=restarted("nodes"),
             ),
         ]
         threads = [
@@ -353,6 +364,7 @@ class Agent:
             problems[key] = problems.get(key, ()) + conflicts
         self.status.problems = problems
         self.status.services = len(self._results)
+        metrics.SERVICES_HANDLED.set(len(self._results))
         return assembly.desired, set(problems), (None if everything else changed)
 
     def _sync(
@@ -403,5 +415,8 @@ class Agent:
                 event = Event(ObjectRef("Service", ns, name, uid), "Warning", p.reason, p.message)
                 if self._gate.admit(event, now):
                     log.warning("%s: %s: %s", key, p.reason, p.message)
+                    metrics.SERVICE_PROBLEMS.labels(p.reason.value).inc()
+                    if p.reason is ProblemReason.EXTERNAL_IP_REFUSED:
+                        metrics.EXTERNAL_IPS_REFUSED.inc()
                     self._on_problem(p)
                     self._events.record(event)

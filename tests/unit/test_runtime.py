@@ -6,6 +6,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import REGISTRY
+
 from agent.cache import new_stores
 from agent.config import AgentConfig, SyncTiming
 from agent.kube.events import ListSink
@@ -78,10 +80,17 @@ def feed_services(agent: Agent, *raws: dict[str, Any]) -> None:
     agent._on_services(changes)
 
 
+def problems_counted(reason: str) -> float:
+    value = REGISTRY.get_sample_value("nodelb_service_problems_total", {"reason": reason})
+    return value or 0.0
+
+
 def test_first_step_is_a_full_sync_and_a_malformed_service_gets_a_warning_only() -> None:
     agent, dp, sink, _clock = make_agent()
+    before = problems_counted("InvalidService")
     feed_services(agent, svc("good"), svc("bad", port=0, ip="198.18.0.201"))
     agent.step()
+    assert problems_counted("InvalidService") == before + 1
     ((desired, full),) = dp.syncs
     assert full
     assert [str(k.ip) for k in desired.frontends] == ["198.18.0.200"]
