@@ -31,7 +31,7 @@ class RawResponse(Protocol):
 
     def release_conn(self) -> None: ...
 
-    def close(self) -> None: ...
+    def shutdown(self) -> None: ...
 
 
 # A typed list call of the official client (e.g. CoreV1Api.list_service_for_all_namespaces),
@@ -125,10 +125,14 @@ class Reflector(Generic[T]):
                 stop.wait(delay)
 
     def close(self) -> None:
-        """Abort an in-flight watch so run() notices its stop event promptly."""
+        """Abort an in-flight watch so run() notices its stop event promptly.
+
+        `shutdown()` unblocks a read in progress on another thread; `close()` would instead
+        wait for that read (a watch can sit idle for minutes), so SIGTERM would hang.
+        """
         resp = self._resp
         if resp is not None:
-            resp.close()
+            resp.shutdown()
 
     def _call(self, **kwargs: Any) -> RawResponse:
         resp = self._list_fn(_preload_content=False, **kwargs)

@@ -69,7 +69,7 @@ class FakeResponse:
     def release_conn(self) -> None:
         pass
 
-    def close(self) -> None:
+    def shutdown(self) -> None:
         pass
 
 
