@@ -1,8 +1,12 @@
-"""End-to-end fixtures: a real etcd + kube-apiserver running inside a lab namespace.
+"""End-to-end fixtures: a real etcd + kube-apiserver on a lab segment, and a lab cluster.
 
-`cp_host` says where the control plane lives (a namespace and its lab IPv4 address);
-`controlplane` starts etcd and kube-apiserver there for the whole session. When any test
-fails, the last lines of both logs are printed at the end of the run (the files are kept).
+`cp_lab` is a small lab (one node, no pods, no client) whose control-plane host carries the
+apiserver; `cp_host` says where the control plane lives, `controlplane` starts etcd and
+kube-apiserver there. `cluster` is a full `ClusterLab` (3 nodes in two zones, 2 pods each,
+real kube-proxy in nftables mode, a nodelb agent per node) with its own control plane; a test
+module can override `cluster_agent_config` to configure the agents. All are module-scoped, so
+only one control plane runs at a time. When any test fails, the last lines of every control
+plane, kube-proxy and agent log are printed at the end of the run (the files are kept).
 """
 
 from __future__ import annotations
@@ -10,39 +14,42 @@ from __future__ import annotations
 import os
 from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from agent.lab import netns
+from agent.lab.cluster import ClusterLab
 from agent.lab.controlplane import ControlPlane, tail
-from agent.lab.topology import CONTROLPLANE4, CONTROLPLANE6, Host
+from agent.lab.topology import Host, Lab, LabSpec
 
 LOGS = pytest.StashKey[list[Path]]()
 FAILED = pytest.StashKey[bool]()
 LOG_TAIL_LINES = 50
+CLUSTER_SPEC = LabSpec(nodes=3, pods_per_node=2, zones=("zone-a", "zone-b"))
 
 
-@pytest.fixture(scope="session")
-def cp_host() -> Iterator[Host]:
-    """Yield the lab host the control plane runs on: its own namespace, 198.18.0.2 on lo.
-
-    To move the control plane onto a full lab segment, yield `lab.controlplane` instead.
-    """
-    ns = f"nlbcp{os.getpid()}"
-    host = Host("controlplane", ns, CONTROLPLANE4, CONTROLPLANE6, "lo")
-    netns.create(ns)
-    try:
-        netns.run(ns, ["ip", "addr", "add", f"{host.ip4}/32", "dev", "lo"])
-        yield host
-    finally:
-        netns.delete(ns)
+@pytest.fixture(scope="module")
+def cp_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """Yield a minimal lab (control plane, one node, no client) for the control plane."""
+    lab = Lab(
+        LabSpec(nodes=1, pods_per_node=0, with_client=False), tmp_path_factory.mktemp("cp-lab")
+    )
+    with lab:
+        yield lab
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
+def cp_host(cp_lab: Lab) -> Host:
+    """Return the lab host the control plane runs on: 198.18.0.2 on the lab segment."""
+    assert cp_lab.controlplane is not None
+    return cp_lab.controlplane
+
+
+@pytest.fixture(scope="module")
 def controlplane(
     cp_host: Host, tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
 ) -> Iterator[ControlPlane]:
-    """Yield a started control plane on `cp_host`; stopped (by PID) at the end of the session."""
+    """Yield a started control plane on `cp_host`; stopped (by PID) at the end of the module."""
     cp = ControlPlane(cp_host.ns, cp_host.ip4, tmp_path_factory.mktemp("controlplane"))
     pytestconfig.stash.setdefault(LOGS, []).extend(cp.logs)
     try:
@@ -50,6 +57,33 @@ def controlplane(
         yield cp
     finally:
         cp.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster_agent_config() -> dict[str, Any]:
+    """Return the agents' configuration on top of the cluster defaults (override per module)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    cluster_agent_config: dict[str, Any],
+    tmp_path_factory: pytest.TempPathFactory,
+    pytestconfig: pytest.Config,
+) -> Iterator[ClusterLab]:
+    """Yield a running lab cluster: node-1 zone-a, node-2 zone-b, node-3 zone-a, 2 pods each,
+    kube-proxy (nftables) and a nodelb agent on every node; always torn down.
+
+    NODELB_E2E_KUBE_PROXY=0 leaves kube-proxy out, so nodelb alone carries every check."""
+    lab = ClusterLab(
+        CLUSTER_SPEC,
+        tmp_path_factory.mktemp("cluster"),
+        agent_config=cluster_agent_config,
+        kube_proxy=os.environ.get("NODELB_E2E_KUBE_PROXY", "1") != "0",
+    )
+    pytestconfig.stash.setdefault(LOGS, []).extend(lab.logs)
+    with lab:
+        yield lab
 
 
 @pytest.hookimpl(wrapper=True)
@@ -66,10 +100,10 @@ def pytest_runtest_makereport(
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
 ) -> None:
-    """Print the tail of every control-plane log when the session had a failure."""
+    """Print the tail of every control-plane, kube-proxy and agent log after a failure."""
     logs = config.stash.get(LOGS, [])
     if not logs or not config.stash.get(FAILED, False):
         return
-    terminalreporter.section("control plane logs")
+    terminalreporter.section("lab logs")
     for log in logs:
         terminalreporter.write_line(tail(log, LOG_TAIL_LINES))
