@@ -22,6 +22,7 @@ test: setup lint typecheck
 	$(VPY) -m pytest tests
 
 demo: setup
+	@# builds the persistent lab (replacing a previous one) and leaves it up: `nodelb lab down`
 	$(VENV)/bin/nodelb lab demo
 
 setup: deps venv kube

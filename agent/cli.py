@@ -20,6 +20,7 @@ from agent.dataplane import Dataplane
 from agent.health import HealthServer
 from agent.kube.client import api_client
 from agent.kube.events import KubeEventSink, ListSink
+from agent.lab import demo, session
 from agent.manifests import ManifestError, load_files
 from agent.nft import LibNftRunner
 from agent.report import desired_dict
@@ -113,6 +114,34 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lab(args: argparse.Namespace) -> int:
+    """Manage the persistent network-namespace lab (see docs/lab.md)."""
+    try:
+        if args.lab_command == "up":
+            cluster = session.up(
+                nodes=args.nodes, pods_per_node=args.pods, kube_proxy=not args.no_kube_proxy
+            )
+            print(f"lab up: {len(cluster.nodes)} nodes; `nodelb lab status` describes it")
+        elif args.lab_command == "down":
+            removed = session.down()
+            print(f"lab down: removed {len(removed)} namespaces")
+        elif args.lab_command == "status":
+            state = session.status()
+            if args.json:
+                print(orjson.dumps(state, option=orjson.OPT_INDENT_2).decode())
+            else:
+                for key in ("workdir", "apiserver", "kubeconfig", "agents", "kube_proxies"):
+                    print(f"{key:<13} {state.get(key)}")
+                alive = state.get("alive", {})
+                print(f"{'namespaces':<13} {sum(alive.values())}/{len(alive)} present")
+        elif args.lab_command == "demo":
+            return demo.run()
+    except session.SessionError as exc:
+        print(f"nodelb lab: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nodelb", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -135,6 +164,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cleanup", help="remove nodelb's nftables table")
     p.set_defaults(func=cmd_cleanup)
+
+    p = sub.add_parser("lab", help="the network-namespace lab (root)")
+    lab = p.add_subparsers(dest="lab_command", required=True)
+    up = lab.add_parser("up", help="build the lab and leave it running")
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--pods", type=int, default=2, help="pods per node")
+    up.add_argument("--no-kube-proxy", action="store_true")
+    lab.add_parser("down", help="remove the lab")
+    st = lab.add_parser("status", help="describe the running lab")
+    st.add_argument("--json", action="store_true")
+    lab.add_parser("demo", help="build the lab and show traffic reaching LoadBalancer IPs")
+    p.set_defaults(func=cmd_lab)
     return parser
 
 

@@ -306,6 +306,14 @@ class Lab:
         if self._state.namespaces:
             raise LabError(f"namespaces left after teardown: {self._state.namespaces}")
 
+    def detach(self) -> None:
+        """Leave the lab running after this process exits (`nodelb lab up`).
+
+        Only the exit-time teardown is dropped; `nodelb lab down` later removes the lab by its
+        namespaces (which also stops every process inside them).
+        """
+        atexit.unregister(self._down_at_exit)
+
     def _down_at_exit(self) -> None:
         with contextlib.suppress(Exception):
             self.down()
