@@ -1,8 +1,15 @@
 """The applier: puts DesiredState into the kernel's `inet nodelb` table, one transaction per sync.
 
 It keeps a mirror, the last DesiredState the kernel accepted, and sends either the full table
-(`rules.render.render`, which replaces an existing table inside the same batch, so taking over
-from a previous agent has no gap) or the element delta from the mirror (`rules.delta.delta`).
+(`rules.render.render`, which rewrites an existing table in place inside one batch, so taking
+over from a previous agent or resyncing has no gap) or the element delta from the mirror
+(`rules.delta.delta`). A full render must know which objects the table holds, to delete the
+ones it no longer needs: the applier tracks them through its own transactions, and reads them
+(`NftRunner.list_declarations`, ~3.7 s at 10k Services) when it does not know them: on its
+first full sync (a table left by a previous agent), after drift, and after a refused full
+sync. Drift and a refused full sync make the next full sync replace the whole table
+(`render(..., replace=True)`, which may cost a new flow its first packet, see
+rules/render.py) instead of rewriting it.
 A refused transaction changes nothing in the kernel (nft batches are atomic), so the mirror
 stays as it was; the caller retries after `SyncResult.retry_after` seconds (exponential
 backoff), and after `full_after_failures` consecutive failures the next attempt is a full
@@ -19,7 +26,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from agent import metrics
@@ -29,9 +36,9 @@ from agent.nft import NftError, NftRunner
 from rules import layout as L
 from rules.delta import delta
 from rules.plan import RenderError
-from rules.readback import dispatch_backend, expected, from_json
-from rules.render import render, render_cleanup
-from rules.transaction import Op, Transaction
+from rules.readback import expected, from_json, kernel_objects
+from rules.render import KernelObjects, objects_after, render, render_cleanup
+from rules.transaction import Transaction
 
 log = logging.getLogger(__name__)
 
@@ -96,80 +103,6 @@ def _element_count(tx: Transaction) -> tuple[int, int]:
     return added, deleted
 
 
-def _object_name(op: Op) -> tuple[str, str]:
-    """Return (object kind, object name) of an op on the nodelb table ("", "") otherwise."""
-    kind, _, rest = op.obj.partition(" ")
-    prefix = L.TABLE + " "
-    if not rest.startswith(prefix):
-        return "", ""
-    return kind, rest[len(prefix) :].split(" ", 1)[0]
-
-
-# -- nft 1.0.6: rules over typeof maps loaded from the kernel ---------------------------------
-#
-# nft 1.0.6 refuses a rule that reads a map declared `typeof ... th dport ...` when it loads that
-# map from the kernel instead of from the same batch ("conflicting protocols specified: ip vs.
-# th": it cannot re-evaluate the stored `th dport` key). rules/delta.py adds such rules in two
-# cases: it re-creates a dispatch chain an earlier delta left in the kernel (the chain already
-# has exactly that content, so the re-declaration is dropped), and it creates a dispatch chain
-# of another kind over a backend map that exists (`ep4_1` and `epl4_1` both read `be4_1`); then
-# the applier sends the full table instead. Neither happens once the maps are declared with a
-# key nft can re-evaluate (e.g. `tcp dport`, the same transport-header bytes).
-
-
-def dispatch_objects(tx: Transaction) -> tuple[dict[str, str], set[str]]:
-    """Return (dispatch chains and backend maps `tx` adds, with their declaration; those it
-    deletes), by name. A chain's declaration is the empty string."""
-    added: dict[str, str] = {}
-    deleted: set[str] = set()
-    for op in tx.ops:
-        kind, name = _object_name(op)
-        if (kind == "chain" and dispatch_backend(name) is not None) or (
-            kind == "map" and name.startswith((L.BACKENDS, L.CLUSTER_BACKENDS))
-        ):
-            if op.verb == "add":
-                added.setdefault(name, op.obj if kind == "map" else "")
-            elif op.verb == "delete":
-                deleted.add(name)
-    return added, deleted
-
-
-def rules_over_loaded_maps(tx: Transaction, kernel: Mapping[str, str]) -> list[str]:
-    """Return the dispatch chains to which `tx` adds a rule that nft 1.0.6 refuses.
-
-    That is a rule reading a backend map the kernel already holds (`kernel`: name ->
-    declaration) whose declaration keys on `th dport`. Empty when there is none.
-    """
-    out: list[str] = []
-    for op in tx.ops:
-        kind, name = _object_name(op)
-        if kind != "rule" or op.verb != "add":
-            continue
-        bmap = dispatch_backend(name)
-        if bmap is not None and "th dport" in kernel.get(bmap, ""):
-            out.append(name)
-    return out
-
-
-def skip_existing_dispatch(tx: Transaction, kernel: Mapping[str, str]) -> Transaction:
-    """Return `tx` without the ops that re-declare dispatch chains and maps the kernel holds.
-
-    Dispatch chains are a pure function of their name, so one that exists already has the
-    content the ops would give it.
-    """
-    if not kernel:
-        return tx
-    kept: list[Op] = []
-    for op in tx.ops:
-        kind, name = _object_name(op)
-        if kind in ("chain", "rule") and name in kernel and op.verb != "delete":
-            continue
-        if kind == "map" and name in kernel and op.verb == "add":
-            continue
-        kept.append(op)
-    return tx if len(kept) == len(tx.ops) else Transaction(tuple(kept))
-
-
 class Dataplane:
     """Applies DesiredState through an NftRunner; see the module docstring for the contract.
 
@@ -206,8 +139,10 @@ class Dataplane:
         # Keys that may differ from the mirror, from the hints of syncs since the last success
         # (None: unknown, compare everything).
         self._pending_hint: set[FrontendKey] | None = set()
-        # Dispatch chains and backend maps in the kernel (deltas keep them once created).
-        self._dispatch: dict[str, str] = {}
+        # The objects the table holds (None: no table), valid while _kernel_known.
+        self._kernel: KernelObjects | None = None
+        self._kernel_known = False
+        self._replace_next = False  # after drift or a refused full sync: replace the table
         self._lock = threading.RLock()
 
     # -- state -------------------------------------------------------------------------------
@@ -262,17 +197,27 @@ class Dataplane:
             start = self._clock()
             hint = self._merge_hint(changed)
             mode = SyncMode.FULL if (full or self.next_full) else SyncMode.PARTIAL
+            if mode is SyncMode.FULL and not self._kernel_known:
+                try:
+                    listing = self._runner.list_declarations(L.TABLE_FAMILY, L.TABLE_NAME)
+                except NftError as exc:
+                    return self._failed(SyncOutcome.REFUSED, mode, start, 0, exc.text)
+                self._kernel = kernel_objects(listing)
+                self._kernel_known = True
             try:
                 if mode is SyncMode.FULL:
-                    tx = render(desired, mark=self._mark)
+                    tx = render(
+                        desired, mark=self._mark, existing=self._kernel, replace=self._replace_next
+                    )
                 else:
                     assert self._mirror is not None
-                    tx = delta(self._mirror, desired, mark=self._mark, candidates=hint)
-                    tx = skip_existing_dispatch(tx, self._dispatch)
-                    if blocked := rules_over_loaded_maps(tx, self._dispatch):
-                        log.info("delta adds %s over existing maps; sending full", blocked)
-                        mode = SyncMode.FULL
-                        tx = render(desired, mark=self._mark)
+                    tx = delta(
+                        self._mirror,
+                        desired,
+                        mark=self._mark,
+                        candidates=hint,
+                        existing=self._kernel if self._kernel_known else None,
+                    )
             except RenderError as exc:
                 return self._failed(SyncOutcome.INVALID, mode, start, 0, str(exc))
             if not tx.ops:
@@ -284,6 +229,9 @@ class Dataplane:
             try:
                 self._runner.run(tx.text())
             except NftError as exc:
+                if mode is SyncMode.FULL:
+                    self._kernel_known = False
+                    self._replace_next = True
                 return self._failed(SyncOutcome.REFUSED, mode, start, len(tx.ops), exc.text)
             duration = self._clock() - start
             old = self._mirror
@@ -293,13 +241,9 @@ class Dataplane:
             self._failures = 0
             self._full_pending = False
             self._next_attempt_at = None
-            objs_added, objs_deleted = dispatch_objects(tx)
+            self._kernel = objects_after(self._kernel, tx)
             if mode is SyncMode.FULL:
-                self._dispatch = objs_added
-            else:
-                self._dispatch = {
-                    k: v for k, v in (objs_added | self._dispatch).items() if k not in objs_deleted
-                }
+                self._replace_next = False
             added, deleted = _element_count(tx)
             self._elements = added if mode is SyncMode.FULL else self._elements + added - deleted
             metrics.SYNC_DURATION.labels(mode=mode.value).observe(duration)
@@ -388,6 +332,10 @@ class Dataplane:
             if self._applied != applied:
                 return False
             metrics.NFT_DRIFT_REPAIRS.inc()
+            # A tampered dispatch chain cannot be rewritten in place (it is kept as it is):
+            # replace the whole table, and read what it holds again afterwards.
+            self._replace_next = True
+            self._kernel_known = False
             log.warning("nodelb table drifted from the mirror; full resync: %s", "; ".join(diffs))
             self._full_pending = True
             self.sync(mirror, full=True)
@@ -407,6 +355,7 @@ class Dataplane:
             self._pending_hint = set()
             self._full_pending = True
             self._elements = 0
-            self._dispatch = {}
+            self._kernel = None
+            self._kernel_known = True
             metrics.PROGRAMMED_FRONTENDS.set(0)
             metrics.PROGRAMMED_MAP_ELEMENTS.set(0)

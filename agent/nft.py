@@ -49,6 +49,10 @@ class NftRunner(Protocol):
         """Return `nft -j list table family name` parsed, or None if the table does not exist."""
         ...
 
+    def list_declarations(self, family: str, name: str) -> str | None:
+        """Return `nft -t list table family name` (no set elements), or None if it is absent."""
+        ...
+
 
 def netns_inode(path: str = "/proc/thread-self/ns/net") -> int:
     """Return the inode that identifies the network namespace at `path` (the calling thread's)."""
@@ -94,6 +98,9 @@ class LibNftRunner:
         self._nft.set_handle_output(False)
         self._reader: Any = nftables.Nftables()
         self._reader.set_json_output(True)
+        self._terse: Any = nftables.Nftables()
+        self._terse.set_json_output(False)
+        self._terse.set_terse_output(True)
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
 
@@ -119,6 +126,21 @@ class LibNftRunner:
                 return None
             raise NftError(f"nft list table {family} {name} failed (rc={rc}): {err}", err)
         return cast(dict[str, Any], json.loads(out))
+
+    def list_declarations(self, family: str, name: str) -> str | None:
+        """Return the table as terse text (no set elements), or None if it is absent.
+
+        What a full sync needs to know of an existing table. The output is small, but nft
+        still fetches every element from the kernel: about 3.7 s for 10k Services.
+        """
+        with self._read_lock:
+            rc, out, err = self._terse.cmd(f"list table {family} {name}")
+        if rc != 0:
+            err = str(err).strip()
+            if "No such file or directory" in err:
+                return None
+            raise NftError(f"nft -t list table {family} {name} failed (rc={rc}): {err}", err)
+        return str(out)
 
 
 def _setns(path: Path) -> None:
@@ -187,6 +209,14 @@ class NetnsNftRunner:
     def list_table(self, family: str, name: str) -> dict[str, Any] | None:
         """Return the table in the namespace as parsed JSON, or None if it is absent."""
         return cast(dict[str, Any] | None, self._call(self._list, family, name))
+
+    def list_declarations(self, family: str, name: str) -> str | None:
+        """Return the table in the namespace as terse text, or None if it is absent."""
+        return cast(str | None, self._call(self._list_declarations, family, name))
+
+    def _list_declarations(self, family: str, name: str) -> str | None:
+        assert self._runner is not None
+        return self._runner.list_declarations(family, name)
 
     def _run(self, text: str) -> None:
         assert self._runner is not None

@@ -1,22 +1,22 @@
 """(old, new) DesiredState -> the smallest transaction that turns the table for `old` into `new`.
 
 Only element additions and deletions, plus:
-- a dispatch chain (and its backend map) for an endpoint count `old` never used: created once,
-  never rewritten afterwards (re-creating one that an earlier delta left behind flushes it and
-  re-adds the same two rules in the same batch, which is a no-op for traffic);
+- a dispatch chain (and its backend map) for an endpoint count no frontend of `old` uses:
+  created when the first frontend needs it, deleted (with its backend map, once no chain
+  reads that map) in the same batch that removes the last element pointing at it;
 - session-affinity units (per-frontend chain, per-endpoint chains and sets), added and deleted
   as whole objects; their names are content hashes, so an object that exists is never changed.
 
 A changed map element (same key, new value) is deleted and re-added in the same batch, which
-the kernel commits atomically. The delta assumes the kernel holds at least what
-`render(old)` creates; dispatch chains left over from earlier states are harmless.
+the kernel commits atomically. The delta assumes the kernel holds exactly what `render(old)`
+creates, and leaves exactly what `render(new)` creates.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agent.model import DesiredState, Frontend, FrontendKey
+from agent.model import DesiredState, Endpoint, Frontend, FrontendKey
 from rules import layout as L
 from rules.plan import (
     Contributions,
@@ -27,7 +27,7 @@ from rules.plan import (
     dispatch_ops,
     node_elements,
 )
-from rules.render import element_ops
+from rules.render import KernelObjects, element_ops
 from rules.transaction import Op, Transaction
 
 __all__ = ["RenderError", "changed_keys", "delta"]
@@ -75,24 +75,45 @@ def _diff(old: Pairs, new: Pairs) -> tuple[Pairs, Pairs]:
     return dels, adds
 
 
-def _unseen(needed: set[DispatchKey], old: DesiredState, emitter: Emitter) -> set[DispatchKey]:
-    """Return the dispatch keys of `needed` not proven to exist for `old`.
+def _used(keys: set[DispatchKey], state: DesiredState, emitter: Emitter) -> set[DispatchKey]:
+    """Return the dispatch keys of `keys` that some frontend of `state` uses (exactly).
 
-    Proof is an old frontend that uses the key. Only frontends listing exactly n endpoints
-    are examined (one cheap length check each); a count reached only after collapsing
-    duplicates is not looked for and is simply re-created, which is harmless.
+    A frontend uses count n only if its endpoint list, deduplicated, has n entries. Frontends
+    listing exactly n endpoints are emitted first (a length check each); only when some key
+    is still unproven are the frontends listing more deduplicated (about 80 ms at 10k
+    frontends x 10 endpoints), so no user hiding behind duplicates is missed.
     """
-    left = set(needed)
-    counts = {n for _, _, n in left}
-    for fe in old.frontends.values():
-        if fe.affinity_timeout is None and (
-            len(fe.endpoints) in counts or len(fe.cluster_endpoints) in counts
-        ):
-            left -= emitter.dispatch_keys(fe)
-            if not left:
-                break
-            counts = {n for _, _, n in left}
-    return left
+    left = set(keys)
+    found: set[DispatchKey] = set()
+    for dedup in (False, True):
+        if not left:
+            break
+        counts = {n for _, _, n in left}
+        for fe in state.frontends.values():
+            if fe.affinity_timeout is not None:
+                continue
+            ext, cl = fe.endpoints, fe.cluster_endpoints
+            if dedup:
+                low = min(counts)
+                hit = (len(ext) > low and _distinct(ext) in counts) or (
+                    len(cl) > low and _distinct(cl) in counts
+                )
+            else:
+                hit = len(ext) in counts or len(cl) in counts
+            if not hit:
+                continue
+            keys_of = emitter.dispatch_keys(fe) & left
+            if keys_of:
+                found |= keys_of
+                left -= keys_of
+                if not left:
+                    break
+                counts = {n for _, _, n in left}
+    return found
+
+
+def _distinct(eps: tuple[Endpoint, ...]) -> int:
+    return len({(int(e.ip), e.port) for e in eps})
 
 
 def delta(
@@ -101,13 +122,16 @@ def delta(
     *,
     mark: int = L.DEFAULT_MASQ_MARK,
     candidates: Iterable[FrontendKey] | None = None,
+    existing: KernelObjects | None = None,
 ) -> Transaction:
     """Return the minimal transaction from the table of `old` to the table of `new`.
 
     Empty when the two states program the same table. `mark` must be the one `old` was rendered
     with. `candidates` optionally limits the comparison to keys the caller knows may have
-    changed (see `changed_keys`); a wrong hint gives a wrong delta. Raises RenderError
-    (naming the Service) if a changed frontend of `new` is invalid.
+    changed (see `changed_keys`); a wrong hint gives a wrong delta. `existing`, if given, is
+    what the table of `old` holds (`rules.render.objects_after`); it only saves looking
+    through `old` for a user of a dispatch chain a changed frontend now needs. Raises
+    RenderError (naming the Service) if a changed frontend of `new` is invalid.
     """
     check_mark(mark)
     emitter = Emitter(mark)
@@ -132,8 +156,12 @@ def delta(
     ops: list[Op] = []
     needed = n_acc.dispatch - o_acc.dispatch
     if needed:
-        for dkey in sorted(_unseen(needed, old, emitter)):
-            ops += dispatch_ops(dkey, mark, flush=True)
+        if existing is not None:
+            create = {k for k in needed if L.dispatch_chain(*k) not in existing.chains}
+        else:
+            create = needed - _used(needed, old, emitter)
+        for dkey in sorted(create):
+            ops += dispatch_ops(dkey, mark)
     new_units = [u for name, u in n_acc.units.items() if name not in o_acc.units]
     for unit in sorted(new_units, key=lambda u: (u.rank, u.name)):
         ops += unit.add
@@ -142,4 +170,16 @@ def delta(
     gone = [u for name, u in o_acc.units.items() if name not in n_acc.units]
     for unit in sorted(gone, key=lambda u: (-u.rank, u.name)):
         ops.append(unit.delete)
+    ops += _unused_dispatch(o_acc.dispatch - n_acc.dispatch, new, emitter)
     return Transaction(tuple(ops))
+
+
+def _unused_dispatch(gone: set[DispatchKey], new: DesiredState, emitter: Emitter) -> list[Op]:
+    """Return the deletions of the dispatch chains of `gone` that no frontend of `new` uses,
+    each followed by its backend map (which no other chain reads)."""
+    ops: list[Op] = []
+    if gone:
+        for k in sorted(gone - _used(gone, new, emitter)):
+            ops.append(Op("delete", f"chain {L.TABLE} {L.dispatch_chain(*k)}"))
+            ops.append(Op("delete", f"map {L.TABLE} {L.backend_map(*k)}"))
+    return ops

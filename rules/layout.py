@@ -15,6 +15,32 @@ TABLE_FAMILY: Final = "inet"
 TABLE_NAME: Final = "nodelb"
 TABLE: Final = f"{TABLE_FAMILY} {TABLE_NAME}"
 
+LAYOUT: Final = 2
+"""The layout version of the table's declarations and fixed rules; bump it on any change."""
+
+
+def table_comment(mark: int) -> str:
+    """Return the table's comment for masquerade mark `mark`: it records the layout and mark.
+
+    A full sync rewrites a table in place only when it carries exactly this comment (every
+    dispatch chain's content is then a function of its name, so existing ones are kept); a
+    table of another layout or mark (an older nodelb declared the backend maps differently)
+    is replaced as a whole. nft keeps the comment of a table that exists, so it changes only
+    when the table is created.
+    """
+    return f"managed by nodelb; layout {LAYOUT}; mark {mark:#x}; do not edit"
+
+
+PRIORITY_BASES: Final[dict[str, int]] = {
+    "raw": -300,
+    "mangle": -150,
+    "dstnat": -100,
+    "filter": 0,
+    "security": 50,
+    "srcnat": 100,
+}
+"""The numeric value of nft's symbolic chain priorities in the inet family."""
+
 DEFAULT_MASQ_MARK: Final = 0x00002000
 """The meta mark bit that asks nat_postrouting to masquerade.
 
@@ -56,11 +82,18 @@ LOCAL: Final = "local"  # interval set of this node's pod CIDRs
 # Dispatch chain variants, per family and endpoint count n.
 DispatchKind = Literal["ep", "epl", "epc"]
 DISPATCH_KINDS: Final[tuple[DispatchKind, ...]] = ("ep", "epl", "epc")
-"""ep{f}_{n}: mark + DNAT by @be{f}_{n}; epl{f}_{n}: DNAT by @be{f}_{n} without mark (Local,
-external); epc{f}_{n}: mark + DNAT by @bc{f}_{n} (internal traffic with its own endpoints)."""
+"""ep{f}_{n}: mark + DNAT by @be{f}_{n}; epl{f}_{n}: DNAT by @bl{f}_{n} without mark (Local,
+external); epc{f}_{n}: mark + DNAT by @bc{f}_{n} (internal traffic with its own endpoints).
+
+Every dispatch chain reads a backend map of its own, and the two are created and deleted
+together: nft 1.0.6 cannot add a rule that reads a backend map it loads from the kernel (the
+map's `typeof ... : ip daddr . th dport` fails to re-evaluate: "conflicting protocols
+specified: ip vs. th"), so a rule is only ever added in the batch that creates its map."""
 
 BACKENDS: Final = "be"  # be{f}_{n}: daddr . l4proto . dport . index -> endpoint addr . port
+LOCAL_BACKENDS: Final = "bl"  # bl{f}_{n}: the same for Local external paths (epl)
 CLUSTER_BACKENDS: Final = "bc"  # bc{f}_{n}: the same for internal-traffic endpoint lists
+BACKEND_MAPS: Final = (BACKENDS, LOCAL_BACKENDS, CLUSTER_BACKENDS)
 
 # Session-affinity units (one per frontend path that uses affinity).
 AFF_SERVICE: Final = "afs"  # per-frontend chain: sticky lookups, then random choice
@@ -87,6 +120,15 @@ def dispatch_chain(kind: DispatchKind, family: int, n: int) -> str:
 
 
 def backend_map(kind: DispatchKind, family: int, n: int) -> str:
-    """Return the backend map read by the dispatch chain (`be4_3`, or `bc4_3` for epc)."""
-    base = CLUSTER_BACKENDS if kind == "epc" else BACKENDS
+    """Return the backend map read by the dispatch chain (`be4_3`, `bl4_3` for epl, `bc4_3`
+    for epc)."""
+    base = {"ep": BACKENDS, "epl": LOCAL_BACKENDS, "epc": CLUSTER_BACKENDS}[kind]
     return f"{base}{family}_{n}"
+
+
+def is_dispatch_object(name: str) -> bool:
+    """Return True if `name` is a dispatch chain or a backend map (`ep4_3`, `bl6_1`)."""
+    head, sep, n = name.partition("_")
+    if not sep or not n.isdigit() or head[-1:] not in ("4", "6"):
+        return False
+    return head[:-1] in DISPATCH_KINDS or head[:-1] in BACKEND_MAPS

@@ -269,11 +269,13 @@ class Emitter:
         return acc.dispatch
 
 
-def dispatch_ops(key: DispatchKey, mark: int, *, flush: bool) -> list[Op]:
+def dispatch_ops(key: DispatchKey, mark: int) -> list[Op]:
     """Return the ops that create one dispatch chain and its backend map.
 
-    `flush` empties the chain before adding its two rules, so re-adding a chain that already
-    exists (from an earlier delta) leaves it with exactly the same content, atomically.
+    Both must be new in the batch (see rules/layout.py: nft 1.0.6 refuses a rule over a
+    backend map it loads from the kernel). The map is declared with `th dport`, not `tcp
+    dport`: a protocol in the map's value makes nft add `meta l4proto tcp` to the rule, and
+    UDP and SCTP would no longer match.
     """
     kind, fam, n = key
     ip = L.IP[fam]
@@ -287,8 +289,6 @@ def dispatch_ops(key: DispatchKey, mark: int, *, flush: bool) -> list[Op]:
         ),
         Op("add", f"chain {_T} {chain}"),
     ]
-    if flush:
-        ops.append(Op("flush", f"chain {_T} {chain}"))
     if kind != "epl":
         ops.append(Op("add", f"rule {_T} {chain} meta mark set meta mark | {mark:#x}"))
     ops.append(

@@ -10,11 +10,11 @@ Normalization (what is compared and what is not):
   a plain address, verdicts as `goto <chain>` / `accept` / ...);
 - the elements of session-affinity sets (`afa…`) are not compared: the kernel fills them with
   client addresses at run time; only their existence is;
-- every chain by name, with its number of rules (rule text is not compared);
-- a dispatch chain no map element jumps to, and then a backend map that is empty and read by
-  no remaining dispatch chain, are left out: deltas keep them once created (rules/delta.py),
-  and nothing reaches them. (A frontend whose verdict element is missing shows up as an
-  element difference.)
+- every chain by name, with its number of rules (rule text is not compared).
+Nothing else is left out: a dispatch chain or backend map no frontend uses is a difference.
+
+`kernel_objects(text)` reads the terse listing (`nft -t list table inet nodelb`: declarations
+and rules, no set elements) into the `KernelObjects` a full render needs.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 from agent.model import DesiredState
 from rules import layout as L
 from rules.plan import Contributions, Emitter, dispatch_ops, node_elements
-from rules.render import base_chain_ops, skeleton_ops
+from rules.render import KernelObjects, base_chain_ops, hook_spec, skeleton_ops
 from rules.transaction import Op
 
 
@@ -110,41 +110,6 @@ def _is_dynamic(name: str) -> bool:
     return name.startswith(L.AFF_SET)
 
 
-def dispatch_backend(name: str) -> str | None:
-    """Return the backend map the dispatch chain `name` reads (None if `name` is not one)."""
-    for kind in L.DISPATCH_KINDS:
-        if name.startswith(kind) and name[len(kind) : len(kind) + 1] in ("4", "6"):
-            fam, _, n = name[len(kind) :].partition("_")
-            if n.isdigit() and fam in ("4", "6"):
-                return L.backend_map(kind, int(fam), int(n))
-    return None
-
-
-def _prune(sets: dict[str, frozenset[str]], chains: dict[str, int]) -> None:
-    """Drop dispatch chains no map element jumps to, then backend maps left empty and unread."""
-    used: set[str] = set()
-    for elements in sets.values():
-        for e in elements:
-            _, sep, value = e.partition(" : ")
-            verb, _, target = value.partition(" ")
-            if sep and verb in ("goto", "jump"):
-                used.add(target)
-    read: set[str] = set()
-    for chain in list(chains):
-        bmap = dispatch_backend(chain)
-        if bmap is None:
-            continue
-        if chain in used:
-            read.add(bmap)
-        else:
-            del chains[chain]
-    for name in [
-        n for n, e in sets.items() if not e and n.startswith((L.BACKENDS, L.CLUSTER_BACKENDS))
-    ]:
-        if name not in read:
-            del sets[name]
-
-
 def _structure(ops: Iterable[Op], sets: dict[str, frozenset[str]], chains: dict[str, int]) -> None:
     """Record the sets, maps, chains and rule counts that `ops` create."""
     prefix = L.TABLE + " "
@@ -176,7 +141,7 @@ def expected(desired: DesiredState, *, mark: int = L.DEFAULT_MASQ_MARK) -> Snaps
     chains: dict[str, int] = {}
     _structure(skeleton_ops(mark), sets, chains)
     for dkey in sorted(acc.dispatch):
-        _structure(dispatch_ops(dkey, mark, flush=False), sets, chains)
+        _structure(dispatch_ops(dkey, mark), sets, chains)
     for unit in acc.units.values():
         _structure(unit.add, sets, chains)
     _structure(base_chain_ops(mark), sets, chains)
@@ -186,7 +151,6 @@ def expected(desired: DesiredState, *, mark: int = L.DEFAULT_MASQ_MARK) -> Snaps
         if _is_dynamic(name):
             continue
         sets[name] = frozenset(_canon_text(k if v is None else f"{k} : {v}") for k, v in pairs)
-    _prune(sets, chains)
     return Snapshot(present=True, sets=sets, chains=chains)
 
 
@@ -257,5 +221,38 @@ def from_json(nft_json: Mapping[str, Any] | None) -> Snapshot:
             chains[obj["chain"]] = chains.get(obj["chain"], 0) + 1
     if not present:
         return ABSENT
-    _prune(sets, chains)
     return Snapshot(present=True, sets=sets, chains=chains)
+
+
+def kernel_objects(text: str | None) -> KernelObjects | None:
+    """Return the objects of a terse table listing (None when `text` is None: no table).
+
+    `text` is `nft -t list table inet nodelb` output: objects start on lines indented by one
+    tab (`chain NAME {`, `set NAME {`, `map NAME {`, `comment "..."`), and a base chain's
+    `type ... hook ... priority ...;` line follows its `chain` line.
+    """
+    if text is None:
+        return None
+    comment = ""
+    chains: dict[str, str] = {}
+    sets: dict[str, str] = {}
+    chain: str | None = None
+    for line in text.splitlines():
+        if line.startswith("\t\t"):
+            if chain is not None and chains[chain] == "" and line.lstrip().startswith("type "):
+                chains[chain] = hook_spec(line)
+            continue
+        chain = None
+        if not line.startswith("\t"):
+            continue
+        word, _, rest = line.strip().partition(" ")
+        if word == "comment" and rest.startswith('"'):
+            comment = rest.strip('"')
+        elif word in ("chain", "set", "map") and rest.endswith("{"):
+            name = rest[:-1].strip()
+            if word == "chain":
+                chains[name] = ""
+                chain = name
+            else:
+                sets[name] = word
+    return KernelObjects(comment, chains, sets)

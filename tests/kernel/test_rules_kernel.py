@@ -19,8 +19,9 @@ import pytest
 
 from agent.lab import netns
 from agent.model import DesiredState
+from rules import layout as L
 from rules.delta import delta
-from rules.render import render, render_cleanup
+from rules.render import objects_after, render, render_cleanup
 from tests.unit.rules_states import eps, fe, ip, state
 from tests.unit.rules_states import net as ip_net
 
@@ -101,6 +102,10 @@ def test_render_and_delta_load_into_nft(ns: str) -> None:
         for kind in ("map", "set")
         for name, obj in listed[kind].items()
     }
+    # The dispatch rule must not depend on a protocol (a `tcp dport` in the backend map's
+    # typeof would make nft add `meta l4proto tcp` and lose UDP and SCTP).
+    dispatch = netns.run(ns, ["nft", "list", "chain", *L.TABLE.split(), "ep4_3"]).stdout
+    assert "th dport" in dispatch and "tcp" not in dispatch
     want = {"ext4": 4, "int4": 2, "ext6": 3, "int6": 1, "be4_3": 3, "srok4": 2, "srok6": 1}
     want |= {"noep4": 2, "drop4": 2, "held4": 1, "held6": 1, "local4": 1, "local6": 1}
     assert {n: elements.get(n) for n in want} == want
@@ -131,8 +136,12 @@ def test_render_and_delta_load_into_nft(ns: str) -> None:
     assert len(srok6) == 1 and "2001:db8:fff0::" in json.dumps(srok6)
     assert "198.18.0.201" in json.dumps(after["set"]["held4"])
     assert "198.18.0.200" not in json.dumps(after["set"]["held4"])
-    # A full render over the existing table replaces it atomically, and cleanup removes it.
-    _nft(ns, render(new).text())
+    # A full render rewrites the existing table in place (or replaces it), atomically, and
+    # cleanup removes it.
+    held = objects_after(objects_after(None, render(rich)), tx)
+    _nft(ns, render(new, existing=held).text())
+    assert "ep4_2" in _listing(ns)["chain"]
+    _nft(ns, render(rich, replace=True).text())
     _nft(ns, render_cleanup().text())
     _nft(ns, render_cleanup().text())  # idempotent when the table is absent
     gone = netns.run(ns, ["nft", "list", "tables"]).stdout

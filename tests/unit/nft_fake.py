@@ -1,11 +1,16 @@
 """A knftables-style fake of the nodelb table for unit tests: applies Transactions in memory.
 
 It understands exactly the commands rules/ emits (table, chain, rule, set, map, element with
-add / delete / flush) and checks, as the kernel would, that every `goto`/`jump`/`@set`
-reference exists when a rule or element is added, that a deleted chain or set is no longer
-referenced, that deleted elements exist, and (stricter than the kernel) that an added element
-key is not already present. A transaction applies atomically: on any error the table is left
-as it was and FakeError is raised.
+add / delete / flush; like the kernel, `flush table` empties the chains but not the sets and
+maps, and `add table` keeps the comment of a table that exists) and checks, as the kernel
+would, that every `goto`/`jump`/`@set` reference exists when a rule or element is added, that
+a deleted chain or set is no longer referenced, that deleted elements exist, and (stricter
+than the kernel) that an added element key is not already present. A transaction applies
+atomically: on any error the table is left as it was and FakeError is raised.
+
+It also refuses what nft 1.0.6 refuses: a rule that reads a map declared `typeof ... th dport`
+which the batch did not create itself (nft loads it from the kernel and cannot re-evaluate its
+`th dport` value: "conflicting protocols specified: ip vs. th").
 """
 
 from __future__ import annotations
@@ -18,8 +23,7 @@ from rules.layout import TABLE
 from rules.transaction import Op, Transaction
 
 _REF = re.compile(r"(?:goto|jump) ([A-Za-z0-9_]+)|@([A-Za-z0-9_]+)")
-_DISPATCH = re.compile(r"^(ep|epl|epc)[46]_\d+$")
-_BACKEND = re.compile(r"^(be|bc)[46]_\d+$")
+_COMMENT = re.compile(r'comment "([^"]*)"')
 
 
 class FakeError(Exception):
@@ -31,21 +35,25 @@ class FakeTable:
     """In-memory state of `inet nodelb`; `exists` is False until a table is added."""
 
     exists: bool = False
+    comment: str = ""
     chains: dict[str, list[str]] = field(default_factory=dict)
     chain_specs: dict[str, str] = field(default_factory=dict)
     set_specs: dict[str, str] = field(default_factory=dict)
     elements: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    _fresh: set[str] = field(default_factory=set)  # maps created by the running batch
 
     # -- applying ---------------------------------------------------------------------------
 
     def apply(self, tx: Transaction) -> None:
         """Apply `tx` atomically, or raise FakeError and change nothing."""
         work = copy.deepcopy(self)
+        work._fresh = set()
         for op in tx:
             try:
                 work._apply_op(op)
             except FakeError as e:
                 raise FakeError(f"{op.text()[:300]}: {e}") from None
+        work._fresh = set()
         self.__dict__.update(work.__dict__)
 
     def _apply_op(self, op: Op) -> None:
@@ -54,7 +62,7 @@ class FakeTable:
             raise FakeError("wrong table")
         rest = rest[len(TABLE) :].strip()
         if kind == "table":
-            self._table(op.verb)
+            self._table(op.verb, rest)
             return
         if not self.exists:
             raise FakeError("no such table")
@@ -65,6 +73,12 @@ class FakeTable:
             if op.verb != "add" or name not in self.chains:
                 raise FakeError("bad rule command or no such chain")
             self._check_refs(body)
+            for ref in _refs(body):
+                spec = self.set_specs.get(ref, "")
+                if "th dport" in spec.partition(":")[2] and ref not in self._fresh:
+                    raise FakeError(
+                        f"nft 1.0.6: conflicting protocols specified: ip vs. th ({ref})"
+                    )
             self.chains[name].append(body)
         elif kind in ("set", "map"):
             self._set(op.verb, name, f"{kind} {body}")
@@ -73,9 +87,17 @@ class FakeTable:
         else:
             raise FakeError(f"unknown object {kind}")
 
-    def _table(self, verb: str) -> None:
+    def _table(self, verb: str, body: str) -> None:
         if verb == "add":
+            if not self.exists:
+                m = _COMMENT.search(body)
+                self.comment = m.group(1) if m else ""
             self.exists = True
+        elif verb == "flush":
+            if not self.exists:
+                raise FakeError("no such table")
+            for name in self.chains:
+                self.chains[name] = []
         elif verb == "delete":
             if not self.exists:
                 raise FakeError("no such table")
@@ -112,6 +134,7 @@ class FakeTable:
                 return
             self.set_specs[name] = spec
             self.elements[name] = {}
+            self._fresh.add(name)
         elif verb == "delete":
             if name not in self.set_specs:
                 raise FakeError("no such set")
@@ -120,6 +143,12 @@ class FakeTable:
                 raise FakeError(f"set {name} still referenced by {users[:3]}")
             del self.set_specs[name]
             del self.elements[name]
+        elif verb == "flush":
+            if name not in self.set_specs:
+                raise FakeError("no such set")
+            if not self.set_specs[name].startswith(spec.split(" ", 1)[0]):
+                raise FakeError("flush of a set as a map or of a map as a set")
+            self.elements[name] = {}
         else:
             raise FakeError(f"set {verb}")
 
@@ -179,23 +208,29 @@ class FakeTable:
         return out
 
     def normalized(self) -> dict[str, object]:
-        """Return a comparable snapshot, ignoring dispatch chains and backend maps no element uses.
-
-        Deltas may leave a dispatch chain for an endpoint count no frontend uses any more; a
-        full render never creates one. Everything else must match exactly.
-        """
-        used = self.verdict_targets()
-        chains = {
-            n: (self.chain_specs[n], tuple(r))
-            for n, r in self.chains.items()
-            if not (_DISPATCH.match(n) and n not in used)
-        }
-        sets = {
-            n: (spec, dict(self.elements[n]))
-            for n, spec in self.set_specs.items()
-            if not (_BACKEND.match(n) and not self.elements[n])
-        }
+        """Return a comparable snapshot: every chain with its rules, every set with elements."""
+        chains = {n: (self.chain_specs[n], tuple(r)) for n, r in self.chains.items()}
+        sets = {n: (spec, dict(self.elements[n])) for n, spec in self.set_specs.items()}
         return {"exists": self.exists, "chains": chains, "sets": sets}
+
+    def terse(self) -> str | None:
+        """Return the table as `nft -t list table` shows it (None if absent)."""
+        if not self.exists:
+            return None
+        lines = [f"table {TABLE} {{"]
+        if self.comment:
+            lines.append(f'\tcomment "{self.comment}"')
+        for name, spec in self.set_specs.items():
+            kind, _, decl = spec.partition(" ")
+            lines += [f"\t{kind} {name} {{", f"\t\t{decl.strip('{} ')}", "\t}"]
+        for name, rules in self.chains.items():
+            lines.append(f"\tchain {name} {{")
+            if self.chain_specs[name]:
+                lines.append(f"\t\t{self.chain_specs[name].strip('{} ')}")
+            lines += [f"\t\t{r}" for r in rules]
+            lines.append("\t}")
+        lines.append("}")
+        return "\n".join(lines) + "\n"
 
 
 def _refs(text: str) -> set[str]:

@@ -14,20 +14,13 @@ import pytest
 from prometheus_client import REGISTRY
 
 from agent.conntrack import delete_argv, removed_udp_endpoints
-from agent.dataplane import (
-    Dataplane,
-    SyncMode,
-    SyncOutcome,
-    dispatch_objects,
-    rules_over_loaded_maps,
-    skip_existing_dispatch,
-)
+from agent.dataplane import Dataplane, SyncMode, SyncOutcome
 from agent.model import DesiredState, Endpoint, Frontend, FrontendKey
 from agent.nft import NftError
 from rules import layout as L
 from rules.delta import delta
-from rules.readback import expected, from_json
-from rules.render import render
+from rules.readback import expected, from_json, kernel_objects
+from rules.render import KernelObjects, objects_after, render
 from rules.transaction import Op, Transaction, Verb
 from tests.unit.nft_fake import FakeError, FakeTable, applied
 from tests.unit.rules_states import eps, fe, key, state
@@ -41,6 +34,7 @@ class FakeRunner:
         self.texts: list[str] = []
         self.fail_next = 0
         self.lists = 0
+        self.terse_reads = 0
 
     def run(self, text: str) -> None:
         self.texts.append(text)
@@ -60,6 +54,11 @@ class FakeRunner:
         self.lists += 1
         assert (family, name) == (L.TABLE_FAMILY, L.TABLE_NAME)
         return fake_json(self.table)
+
+    def list_declarations(self, family: str, name: str) -> str | None:
+        self.terse_reads += 1
+        assert (family, name) == (L.TABLE_FAMILY, L.TABLE_NAME)
+        return self.table.terse()
 
 
 def _atom_list(text: str) -> object:
@@ -124,13 +123,16 @@ def metric(name: str, labels: dict[str, str] | None = None) -> float:
     return REGISTRY.get_sample_value(name, labels or {}) or 0.0
 
 
-def test_first_sync_is_full_and_replaces_the_table_in_one_transaction() -> None:
+def test_first_sync_reads_what_exists_and_writes_the_full_table_in_one_transaction() -> None:
     dp, runner, _ = make()
     res = dp.sync(A)
     assert (res.outcome, res.mode, res.ok) == (SyncOutcome.APPLIED, SyncMode.FULL, True)
-    assert len(runner.texts) == 1
+    assert len(runner.texts) == 1 and runner.terse_reads == 1
     first = runner.texts[0].splitlines()
-    assert first[:2] == [f"add table {L.TABLE}", f"delete table {L.TABLE}"]
+    assert (
+        first[0] == f'add table {L.TABLE} {{ comment "{L.table_comment(L.DEFAULT_MASQ_MARK)}" ; }}'
+    )
+    assert not any(ln.startswith(("delete", "flush")) for ln in first)  # there was no table
     assert runner.texts[0] == render(A).text()
     assert dp.mirror is A
     assert runner.table.normalized() == applied(render(A)).normalized()
@@ -240,7 +242,10 @@ def test_a_deleted_element_is_detected_and_repaired_by_a_full_resync() -> None:
     del runner.table.elements[be][victim]
     assert dp.check_drift() is True
     assert metric("nodelb_nft_drift_repairs_total") == before + 1
-    assert runner.texts[-1] == render(A).text()
+    assert runner.texts[-1].startswith(f"add table {L.TABLE}\ndelete table")  # replaced
+    assert dp.sync(A, full=True).ok and runner.terse_reads == 2  # read before the repair
+    assert "delete table" not in runner.texts[-1]
+    assert runner.table.normalized() == applied(render(A)).normalized()
     assert victim in runner.table.elements[be]
     assert dp.check_drift() is False
 
@@ -426,8 +431,9 @@ def test_from_json_canonicalizes_kernel_element_forms() -> None:
             {"2001:db8::200 . udp . 53 : goto epc6_1", "2001:db8::201 . udp . 53 : accept"}
         ),
         "afa4_00": frozenset(),
+        "be4_3": frozenset(),
     }
-    assert snap.chains == {"reject_new": 1}  # ep4_3 with its empty be4_3 is pruned
+    assert snap.chains == {"reject_new": 1, "ep4_3": 0}  # an unused dispatch chain counts too
     assert from_json(None).present is False
 
 
@@ -444,50 +450,89 @@ def test_differences_name_every_mismatch() -> None:
     assert a.differences(expected(A)) == []
 
 
-# -- nft 1.0.6 workarounds ------------------------------------------------------------------
-
-_TH = "map inet nodelb be4_1 { typeof ip daddr . meta l4proto . th dport . numgen random mod 1 }"
+# -- full syncs rewrite the table in place ---------------------------------------------------
 
 
-def test_dispatch_objects_tracks_chains_and_maps_with_their_declarations() -> None:
-    added, deleted = dispatch_objects(render(A))
-    assert added["ep4_2"] == ""
-    assert added["be4_2"].startswith("map inet nodelb be4_2 ")
-    assert "nat_prerouting" not in added and "ext4" not in added
-    assert deleted == set()
+def test_periodic_full_syncs_rewrite_in_place_and_delete_what_is_no_longer_used() -> None:
+    aff = state([fe("198.18.0.205", endpoints=eps("198.19.1.5:80", "198.19.1.6:80"), affinity=60)])
+    dp, runner, _ = make()
+    dp.sync(A)
+    dp.sync(aff)  # a delta: adds the affinity unit, deletes ep4_2 and be4_2
+    res = dp.sync(B, full=True)
+    assert (res.outcome, res.mode) == (SyncOutcome.APPLIED, SyncMode.FULL)
+    lines = runner.texts[-1].splitlines()
+    assert f"delete table {L.TABLE}" not in lines
+    assert runner.terse_reads == 1  # known from its own transactions: not read again
+    deleted = {ln.split()[1] + " " + ln.split()[-1] for ln in lines if ln.startswith("delete")}
+    assert deleted == {f"{k} {n}" for k, n in _affinity_objects(runner, aff)}
+    assert runner.table.normalized() == applied(render(B)).normalized()
 
 
-def test_a_redeclared_dispatch_chain_the_kernel_holds_is_dropped_from_the_delta() -> None:
-    tx = Transaction.of(
-        [
-            Op("add", _TH),
-            Op("add", "chain inet nodelb ep4_1"),
-            Op("flush", "chain inet nodelb ep4_1"),
-            Op("add", "rule inet nodelb ep4_1 dnat ip to ... map @be4_1"),
-            Op("add", "element inet nodelb ext4 { 198.18.0.200 . tcp . 80 : goto ep4_1 }"),
-        ]
-    )
-    kept = skip_existing_dispatch(tx, {"ep4_1": "", "be4_1": _TH})
-    assert [op.obj.split(" ")[0] for op in kept] == ["element"]
-    assert skip_existing_dispatch(tx, {}) is tx
+def _affinity_objects(runner: FakeRunner, s: DesiredState) -> set[tuple[str, str]]:
+    objs = objects_after(None, render(s))
+    assert objs is not None
+    return {("chain", n) for n in objs.chains if n.startswith(("afs", "afe"))} | {
+        ("set", n) for n in objs.sets if n.startswith("afa")
+    }
 
 
-def test_a_rule_over_a_th_dport_map_from_the_kernel_is_flagged() -> None:
-    tx = Transaction.of([Op("add", "rule inet nodelb epl4_1 dnat ip to ... map @be4_1")])
-    assert rules_over_loaded_maps(tx, {"be4_1": _TH}) == ["epl4_1"]
-    assert rules_over_loaded_maps(tx, {"be4_1": _TH.replace("th dport", "tcp dport")}) == []
-    assert rules_over_loaded_maps(tx, {}) == []
+def test_a_table_of_another_layout_is_replaced_as_a_whole() -> None:
+    dp, runner, _ = make()
+    runner.table.apply(render(A))
+    runner.table.comment = "managed by nodelb; do not edit"  # an older nodelb's table
+    res = dp.sync(B)
+    assert res.ok and res.mode is SyncMode.FULL
+    assert runner.texts[-1].startswith(f"add table {L.TABLE}\ndelete table {L.TABLE}\n")
+    assert runner.table.comment == L.table_comment(L.DEFAULT_MASQ_MARK)
+    assert runner.table.normalized() == applied(render(B)).normalized()
 
 
-def test_the_applier_sends_full_when_nft_would_refuse_the_delta() -> None:
+def test_a_base_chain_with_another_priority_makes_the_full_sync_replace_the_table() -> None:
+    old = render(A).text().replace("priority dstnat - 10", "priority dstnat")
+    objs = kernel_objects(applied(render(A)).terse())
+    assert objs is not None and objs.chains[L.NAT_PREROUTING] == "nat prerouting -110 accept"
+    runner = FakeRunner()
+    runner.run(old)
+    moved = kernel_objects(runner.table.terse())
+    assert moved is not None and moved.chains[L.NAT_PREROUTING] == "nat prerouting -100 accept"
+    assert render(B, existing=moved).ops[1] == Op("delete", f"table {L.TABLE}")
+    assert render(B, existing=objs).ops[1].verb == "add"  # rewritten in place
+    runner.table.apply(render(B, existing=moved))
+    assert runner.table.normalized() == applied(render(B)).normalized()
+
+
+def test_a_refused_full_sync_is_retried_by_replacing_the_table() -> None:
+    dp, runner, _ = make()
+    dp.sync(A)
+    runner.fail_next = 1
+    assert dp.sync(B, full=True).outcome is SyncOutcome.REFUSED
+    res = dp.sync(B, full=True)
+    assert res.ok and runner.terse_reads == 2
+    assert runner.texts[-1].startswith(f"add table {L.TABLE}\ndelete table {L.TABLE}\n")
+    assert dp.sync(A, full=True).ok
+    assert f"delete table {L.TABLE}" not in runner.texts[-1]
+
+
+def test_objects_after_tracks_declarations_through_transactions() -> None:
+    objs = objects_after(None, render(A))
+    assert objs is not None and objs.comment == L.table_comment(L.DEFAULT_MASQ_MARK)
+    assert objs == kernel_objects(applied(render(A)).terse())
+    assert objs.chains["ep4_2"] == "" and objs.sets["be4_2"] == "map"
+    assert objs.chains[L.NAT_OUTPUT] == "nat output -110 accept"
+    after = objects_after(objs, delta(A, B))
+    assert after == objects_after(None, render(B))
+    assert objects_after(objs, Transaction.of([Op("delete", f"table {L.TABLE}")])) is None
+    assert kernel_objects(None) is None
+    assert KernelObjects().comment == ""
+
+
+def test_a_new_dispatch_chain_over_an_existing_backend_map_is_a_plain_delta() -> None:
     cluster = state([fe("198.18.0.200", endpoints=eps("198.19.1.5:80"))])
     local = state([fe("198.18.0.200", endpoints=eps("198.19.1.5:80"), cluster=(), local_only=True)])
     dp, runner, _ = make()
     dp.sync(cluster)
     res = dp.sync(local)
-    assert res.ok
-    flagged = rules_over_loaded_maps(delta(cluster, local), dispatch_objects(render(cluster))[0])
-    assert res.mode is (SyncMode.FULL if flagged else SyncMode.PARTIAL)
+    assert res.ok and res.mode is SyncMode.PARTIAL
     assert runner.table.normalized() == applied(render(local)).normalized()
 
 

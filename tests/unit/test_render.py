@@ -9,7 +9,7 @@ import pytest
 
 from agent.model import DesiredState, Endpoint, Frontend, FrontendKey, Protocol
 from rules import layout as L
-from rules.render import RenderError, render, render_cleanup
+from rules.render import RenderError, objects_after, render, render_cleanup
 from rules.transaction import Op, Transaction
 from tests.unit.nft_fake import FakeError, FakeTable, applied
 from tests.unit.rules_states import eps, fe, ip, key, state
@@ -65,7 +65,7 @@ RENDER_CASES = [
             ),
             present={
                 "ext4": {V4: "goto epl4_1"},
-                "be4_1": {f"{V4} . 0": "198.19.1.5 . 8080"},
+                "bl4_1": {f"{V4} . 0": "198.19.1.5 . 8080"},
                 "int4": {V4: "goto epc4_3"},
                 "bc4_3": {f"{V4} . 2": "198.19.2.7 . 8080"},
             },
@@ -263,24 +263,51 @@ def test_dispatch_chain_shape_and_custom_mark() -> None:
     ]
 
 
-def test_render_text_replaces_the_table_in_one_batch_with_bulk_elements() -> None:
+def test_render_text_rewrites_in_place_or_replaces_in_one_batch_with_bulk_elements() -> None:
     many = [
         fe("198.18.0.200", "tcp", p, endpoints=eps("198.19.1.5:8080", "198.19.1.6:8080"))
         for p in range(1000, 1100)
     ]
     tx = render(state(many))
     lines = tx.text().splitlines()
-    assert lines[:3] == [
-        "add table inet nodelb",
-        "delete table inet nodelb",
-        'add table inet nodelb { comment "managed by nodelb; do not edit" ; }',
-    ]
+    create = f'add table inet nodelb {{ comment "{L.table_comment(L.DEFAULT_MASQ_MARK)}" ; }}'
+    assert lines[0] == create
+    assert not any(line.startswith(("flush", "delete")) for line in lines)  # None: no table
     be_ops = [line for line in lines if line.startswith("add element inet nodelb be4_2 ")]
     assert len(be_ops) == 1 and be_ops[0].count(" : ") == 200
     assert tx.text().endswith("\n") and len(tx) == len(lines)
-    # Replacing a table that holds something else ends with exactly the new content.
-    old = applied(render(state([fe("198.18.0.201", endpoints=eps("198.19.2.6:80"))])))
-    old.apply(tx)
+    # Rewriting a table that holds something else, in place, ends with exactly the new content.
+    other = render(state([fe("198.18.0.201", endpoints=eps("198.19.2.6:80"))]))
+    old = applied(other)
+    in_place = render(state(many), existing=objects_after(None, other))
+    lines = in_place.text().splitlines()
+    assert "flush map inet nodelb ext4" in lines and "flush set inet nodelb held4" in lines
+    assert f"flush chain inet nodelb {L.NAT_PREROUTING}" in lines
+    assert [ln for ln in lines if ln.startswith("delete")] == [
+        "delete chain inet nodelb ep4_1",
+        "delete map inet nodelb be4_1",
+    ]
+    old.apply(in_place)
+    assert old.normalized() == applied(tx).normalized()
+    # A dispatch chain that exists is kept as it is; only its backend map is refilled.
+    again = render(state(many), existing=objects_after(None, tx)).text().splitlines()
+    kept = (
+        "delete",
+        "add chain inet nodelb ep4_2",
+        "add rule inet nodelb ep4_2",
+    )
+    assert not any(ln.startswith(kept) for ln in again)
+    assert "flush map inet nodelb be4_2" in again
+    old.apply(Transaction.of(render(state(many), existing=objects_after(None, tx)).ops))
+    assert old.normalized() == applied(tx).normalized()
+    # The replacing shape throws the old table away inside the batch.
+    replacing = render(state(many), replace=True)
+    assert replacing.text().splitlines()[:3] == [
+        "add table inet nodelb",
+        "delete table inet nodelb",
+        create,
+    ]
+    old = applied(other, replacing)
     assert old.normalized() == applied(tx).normalized()
 
 
