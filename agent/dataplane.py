@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from agent import metrics
+from agent.backoff import Backoff
 from agent.conntrack import ConntrackRunner, delete_stale_udp, removed_udp_endpoints
 from agent.model import DesiredState, FrontendKey
 from agent.nft import NftError, NftRunner
@@ -126,8 +127,7 @@ class Dataplane:
         self._runner = runner
         self._clock = clock
         self._conntrack = conntrack
-        self._backoff_initial = backoff_initial
-        self._backoff_max = backoff_max
+        self._backoff = Backoff(initial=backoff_initial, maximum=backoff_max)
         self._full_after = full_after_failures
         self._mark = mark
         self._mirror: DesiredState | None = None
@@ -262,7 +262,7 @@ class Dataplane:
             metrics.NFT_TRANSACTION_FAILURES.inc()
         if self._failures >= self._full_after:
             self._full_pending = True
-        retry = min(self._backoff_max, self._backoff_initial * 2 ** (self._failures - 1))
+        retry = self._backoff.delay(self._failures)
         now = self._clock()
         self._next_attempt_at = now + retry
         log.warning(

@@ -15,18 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Retry delays: initial, multiplied by `factor` per failure, capped at `maximum`."""
-
-    initial: float = 5.0
-    factor: float = 2.0
-    maximum: float = 300.0
-
-    def delay(self, failures: int) -> float:
-        """Return the delay after the `failures`-th consecutive failure (1-based)."""
-        return float(min(self.initial * self.factor ** max(failures - 1, 0), self.maximum))
+from agent.backoff import Backoff
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import orjson
 
+from agent.backoff import Backoff
 from agent.kube.store import Change, EventType, Store, resource_version
 
 T = TypeVar("T")
@@ -41,23 +42,6 @@ ListFn = Callable[..., RawResponse]
 
 class GoneError(Exception):
     """The resourceVersion we watch from has expired (HTTP 410): a relist is needed."""
-
-
-class Backoff:
-    """Exponential backoff with a cap: next() returns the delay to wait, reset() on success."""
-
-    def __init__(self, initial: float = 0.2, cap: float = 10.0) -> None:
-        self.initial = initial
-        self.cap = cap
-        self._next = initial
-
-    def next(self) -> float:
-        delay = self._next
-        self._next = min(self.cap, self._next * 2)
-        return delay
-
-    def reset(self) -> None:
-        self._next = self.initial
 
 
 def iter_lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
@@ -98,7 +82,8 @@ class Reflector(Generic[T]):
         self._on_changes = on_changes
         self._page_size = page_size
         self._watch_timeout = watch_timeout
-        self._backoff = backoff or Backoff()
+        self._backoff = backoff or Backoff(initial=0.2, maximum=10.0)
+        self._failures = 0
         self._on_restart = on_restart or (lambda reason: None)
         self._rv: str | None = None
         self._resp: RawResponse | None = None
@@ -111,7 +96,7 @@ class Reflector(Generic[T]):
                 if self._rv is None:
                     self._relist()
                 self._watch(stop)
-                self._backoff.reset()
+                self._failures = 0
             except GoneError:
                 log.info("%s: resourceVersion expired, relisting", self.name)
                 self._rv = None
@@ -119,7 +104,8 @@ class Reflector(Generic[T]):
             except Exception as exc:
                 if stop.is_set():
                     break
-                delay = self._backoff.next()
+                self._failures += 1
+                delay = self._backoff.delay(self._failures)
                 log.warning("%s: watch failed (%s); retrying in %.1fs", self.name, exc, delay)
                 self._on_restart("error")
                 stop.wait(delay)

@@ -18,7 +18,7 @@ from agent.allocator.allocation import (
     allocation_order,
     rebuild,
 )
-from agent.allocator.events import Backoff, ExhaustionLimiter
+from agent.allocator.events import ExhaustionLimiter
 from agent.allocator.pools import Forbidden, PoolSet, parse_pools
 from agent.allocator.request import (
     FamilyPolicy,
@@ -27,6 +27,7 @@ from agent.allocator.request import (
     ServiceRequest,
     request_from_raw,
 )
+from agent.backoff import Backoff
 from agent.model import IPAddress, Protocol
 from agent.services import InvalidService
 

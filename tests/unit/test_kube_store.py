@@ -10,7 +10,8 @@ from typing import Any
 import orjson
 import pytest
 
-from agent.kube.reflector import Backoff, Reflector, iter_lines
+from agent.backoff import Backoff
+from agent.kube.reflector import Reflector, iter_lines
 from agent.kube.store import Change, EventType, Store
 
 
@@ -50,11 +51,9 @@ def test_iter_lines_joins_split_chunks_and_skips_blank_lines() -> None:
     assert list(iter_lines(chunks)) == [b'{"a":1}', b'{"b":2}', b'{"c":3}']
 
 
-def test_backoff_doubles_up_to_cap_and_resets() -> None:
-    b = Backoff(initial=0.5, cap=3.0)
-    assert [b.next() for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
-    b.reset()
-    assert b.next() == 0.5
+def test_backoff_doubles_per_failure_up_to_the_cap() -> None:
+    b = Backoff(initial=0.5, maximum=3.0)
+    assert [b.delay(n) for n in range(6)] == [0.0, 0.5, 1.0, 2.0, 3.0, 3.0]
 
 
 @dataclass
@@ -129,7 +128,7 @@ def test_reflector_lists_pages_watches_relists_on_gone_and_resumes_after_errors(
         list_fn=server,
         store=store,
         on_changes=lambda cs: seen.extend((c.key, c.old, c.new) for c in cs),
-        backoff=Backoff(initial=0.0, cap=0.0),
+        backoff=Backoff(initial=0.0, maximum=0.0),
         on_restart=restarts.append,
     )
     reflector.run(server.stop)
@@ -161,7 +160,7 @@ def test_reflector_retries_http_errors_without_marking_synced(status: int) -> No
         list_fn=server,
         store=store,
         on_changes=lambda cs: None,
-        backoff=Backoff(initial=0.0, cap=0.0),
+        backoff=Backoff(initial=0.0, maximum=0.0),
         on_restart=restarts.append,
     )
     reflector.run(server.stop)
