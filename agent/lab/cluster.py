@@ -28,7 +28,6 @@ import sys
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal, cast
 
 import urllib3
@@ -38,6 +37,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.lab import binaries, netns, nsclient
 from agent.lab.controlplane import ControlPlane, tail
+from agent.lab.lifecycle import UpDown
 from agent.lab.topology import (
     LAB_SPACE4,
     LAB_SPACE6,
@@ -161,7 +161,7 @@ def _element_key(elem: Any) -> tuple[IPAddress, int, int] | None:
     return ipaddress.ip_address(str(ip)), proto_n, port
 
 
-class ClusterLab:
+class ClusterLab(UpDown):
     """A lab with a control plane, registered Nodes, pod servers, kube-proxy and nodelb agents.
 
     Nothing happens in the constructor. `lab`, `nodes` and `pods` are valid from construction
@@ -312,24 +312,6 @@ class ClusterLab:
             first_error = first_error or exc
         if first_error is not None:
             raise first_error
-
-    def __enter__(self) -> ClusterLab:
-        self.up()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is None:
-            self.down()
-            return
-        try:
-            self.down()
-        except Exception as teardown_error:
-            exc.add_note(f"cluster teardown also failed: {teardown_error!r}")
 
     def stop_controlplane(self) -> None:
         """Stop kube-apiserver and etcd (data kept); `api` is unusable until started again."""

@@ -34,10 +34,10 @@ from ipaddress import (
     IPv6Network,
 )
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from agent.lab import netns
+from agent.lab.lifecycle import UpDown
 from agent.lab.wait import GiveUp, wait_until
 
 SEGMENT4 = IPv4Network("198.18.0.0/24")
@@ -155,7 +155,7 @@ class _State:
     procs: list[_Tracked] = field(default_factory=list)
 
 
-class Lab:
+class Lab(UpDown):
     """A network-namespace lab built from a LabSpec; `up()` builds it, `down()` removes it.
 
     The constructor only computes names and addresses. `nodes`, `pods`, `client` and
@@ -317,24 +317,6 @@ class Lab:
     def _down_at_exit(self) -> None:
         with contextlib.suppress(Exception):
             self.down()
-
-    def __enter__(self) -> Lab:
-        self.up()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is None:
-            self.down()
-            return
-        try:  # the body's exception stays the one raised; a teardown failure becomes a note
-            self.down()
-        except Exception as teardown_error:
-            exc.add_note(f"lab {self.prefix} teardown also failed: {teardown_error!r}")
 
     # -- processes ------------------------------------------------------------------------
 
