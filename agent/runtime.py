@@ -32,7 +32,7 @@ from agent.desired import (
 from agent.endpoints import Slice
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
 from agent.kube.reflector import ListFn, Reflector
-from agent.kube.store import Change
+from agent.kube.store import Change, Store
 from agent.model import DesiredState, FrontendKey, IPAddress
 from agent.policy import classify, is_ours
 from agent.schedule import SyncSchedule
@@ -181,28 +181,20 @@ class Agent:
         def restarted(resource: str) -> Callable[[str], None]:
             return lambda reason: metrics.WATCH_RESTARTS.labels(resource, reason).inc()
 
+        wiring: tuple[tuple[str, ListFn, Store[Any], Callable[[list[Any]], None]], ...] = (
+            ("services", self._lists.services, services, self._on_services),
+            ("endpointslices", self._lists.slices, slices, self._on_slices),
+            ("nodes", self._lists.nodes, nodes, self._on_nodes),
+        )
         self._reflectors = [
             Reflector(
-                name="services",
-                list_fn=self._lists.services,
-                store=services,
-                on_changes=self._on_services,
-                on_restart=restarted("services"),
-            ),
-            Reflector(
-                name="endpointslices",
-                list_fn=self._lists.slices,
-                store=slices,
-                on_changes=self._on_slices,
-                on_restart=restarted("endpointslices"),
-            ),
-            Reflector(
-                name="nodes",
-                list_fn=self._lists.nodes,
-                store=nodes,
-                on_changes=self._on_nodes,
-                on_restart=restarted("nodes"),
-            ),
+                name=name,
+                list_fn=list_fn,
+                store=store,
+                on_changes=on_changes,
+                on_restart=restarted(name),
+            )
+            for name, list_fn, store, on_changes in wiring
         ]
         threads = [
             threading.Thread(target=r.run, args=(stop,), name=f"watch-{r.name}", daemon=True)
