@@ -119,7 +119,6 @@ class Agent:
         s = cfg.sync
         self._schedule = SyncSchedule(
             min_interval=s.min_interval,
-            max_delay=s.max_delay,
             full_resync_period=s.full_resync_period,
             drift_check_period=s.drift_check_period,
         )

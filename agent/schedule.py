@@ -1,9 +1,12 @@
-"""When the next sync runs (pure): changes coalesce, but none waits past a maximum delay.
+"""When the next sync runs (pure): at once for an isolated change, bounded in frequency.
 
-A burst of changes (a rollout touching many EndpointSlices) is debounced: the sync runs once
-the stream has been quiet for `min_interval`, yet never later than `max_delay` after the first
-change still pending, so a steady trickle cannot starve the dataplane. Periodic full resyncs
-and drift checks are due on their own clocks. Time is passed in; nothing here reads a clock.
+Like kube-proxy's minimum sync period: a change that arrives when the last sync is at least
+`min_interval` old is synced at once (no fixed debounce delay on the common, quiet path); a
+change that arrives sooner waits until `min_interval` after the last sync, and everything
+that arrived meanwhile rides along in that one sync. So a burst (a rollout touching many
+EndpointSlices) costs one sync per interval, and no change waits longer than `min_interval`
+plus the sync in progress. Periodic full resyncs and drift checks are due on their own
+clocks. Time is passed in; nothing here reads a clock.
 """
 
 from __future__ import annotations
@@ -16,25 +19,25 @@ class SyncSchedule:
     """Pending-change bookkeeping; all times are monotonic seconds supplied by the caller."""
 
     min_interval: float
-    max_delay: float
     full_resync_period: float
     drift_check_period: float
     first_pending: float | None = None
-    last_change: float | None = None
+    last_sync: float | None = None
     last_full: float | None = None
     last_drift_check: float | None = None
 
     def changed(self, now: float) -> SyncSchedule:
         """Return the schedule after a change observed at `now`."""
-        first = self.first_pending if self.first_pending is not None else now
-        return replace(self, first_pending=first, last_change=now)
+        if self.first_pending is not None:
+            return self
+        return replace(self, first_pending=now)
 
     def synced(self, now: float, *, full: bool) -> SyncSchedule:
         """Return the schedule after a sync that took in every change seen before it."""
         return replace(
             self,
             first_pending=None,
-            last_change=None,
+            last_sync=now,
             last_full=now if full else self.last_full,
         )
 
@@ -44,9 +47,11 @@ class SyncSchedule:
 
     def sync_due(self) -> float | None:
         """Return when pending changes must be synced, or None when nothing is pending."""
-        if self.first_pending is None or self.last_change is None:
+        if self.first_pending is None:
             return None
-        return min(self.last_change + self.min_interval, self.first_pending + self.max_delay)
+        if self.last_sync is None:
+            return self.first_pending
+        return max(self.first_pending, self.last_sync + self.min_interval)
 
     def full_due(self) -> float:
         """Return when the next full resync is due (at once if there never was one)."""

@@ -29,14 +29,14 @@ def test_file_values_are_parsed_and_a_flag_overrides_the_node_name(tmp_path: Pat
         "handleClasslessServices: false\n"
         "externalIPCIDRs: [198.18.0.0/24, '2001:db8::/64']\n"
         "pools:\n- name: default\n  addresses: [198.18.0.200-198.18.0.203, '2001:db8::200/126']\n"
-        "sync: {minInterval: 0.1, maxDelay: 2}\n"
+        "sync: {minInterval: 0.1, fullResyncPeriod: 60}\n"
     )
     cfg = load_config(path, node_name="flag-node")
     assert cfg.node_name == "flag-node"
     assert not cfg.handle_classless
     assert [str(n) for n in cfg.external_ip_cidrs] == ["198.18.0.0/24", "2001:db8::/64"]
     assert [str(n) for n in cfg.pools[0].networks] == ["198.18.0.200/30", "2001:db8::200/126"]
-    assert (cfg.sync.min_interval, cfg.sync.max_delay) == (0.1, 2.0)
+    assert (cfg.sync.min_interval, cfg.sync.full_resync_period) == (0.1, 60.0)
 
 
 @pytest.mark.parametrize(
@@ -54,9 +54,7 @@ def test_file_values_are_parsed_and_a_flag_overrides_the_node_name(tmp_path: Pat
             id="reversed range",
         ),
         pytest.param({"sync": {"minInterval": -1}}, "sync.minInterval", id="negative interval"),
-        pytest.param(
-            {"sync": {"minInterval": 2, "maxDelay": 1}}, "maxDelay", id="delay below interval"
-        ),
+        pytest.param({"sync": {"maxDelay": 1}}, "unknown sync keys: maxDelay", id="old key"),
         pytest.param({"loadBalancerClass": "plain"}, "loadBalancerClass", id="class not a name"),
         pytest.param({"surprise": 1}, "unknown configuration keys: surprise", id="unknown key"),
     ],

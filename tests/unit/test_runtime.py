@@ -55,9 +55,7 @@ def unused(**kwargs: Any) -> Any:
 def make_agent() -> tuple[Agent, FakeDataplane, ListSink, Clock]:
     cfg = AgentConfig(
         node_name="node-1",
-        sync=SyncTiming(
-            min_interval=0.1, max_delay=1.0, full_resync_period=300, drift_check_period=60
-        ),
+        sync=SyncTiming(min_interval=0.1, full_resync_period=300, drift_check_period=60),
     )
     dp, sink, clock = FakeDataplane(), ListSink(), Clock()
     agent = Agent(

@@ -1,4 +1,4 @@
-"""Sync coalescing: bursts become one sync, and no change waits past the maximum delay."""
+"""Sync scheduling: an isolated change syncs at once; bursts share one sync per interval."""
 
 from __future__ import annotations
 
@@ -6,9 +6,7 @@ from agent.schedule import SyncSchedule
 
 
 def schedule() -> SyncSchedule:
-    return SyncSchedule(
-        min_interval=0.1, max_delay=1.0, full_resync_period=300, drift_check_period=60
-    )
+    return SyncSchedule(min_interval=0.1, full_resync_period=300, drift_check_period=60)
 
 
 def test_nothing_pending_means_no_sync_but_a_first_full_sync_is_due_at_once() -> None:
@@ -18,26 +16,23 @@ def test_nothing_pending_means_no_sync_but_a_first_full_sync_is_due_at_once() ->
     assert s.next_wakeup() == 0.0
 
 
-def test_a_single_change_syncs_after_the_quiet_interval() -> None:
+def test_an_isolated_change_syncs_at_once() -> None:
     s = schedule().synced(10.0, full=True).changed(20.0)
-    assert s.sync_due() == 20.1
-    assert s.next_wakeup() == 20.1
+    assert s.sync_due() == 20.0
+    assert s.next_wakeup() == 20.0
 
 
-def test_a_burst_is_debounced_into_one_sync() -> None:
-    s = schedule().synced(0.0, full=True)
-    for t in (5.00, 5.05, 5.09):
+def test_a_change_right_after_a_sync_waits_for_the_minimum_interval() -> None:
+    s = schedule().synced(5.0, full=True).changed(5.02)
+    assert s.sync_due() == 5.0 + 0.1
+
+
+def test_a_burst_rides_along_in_one_sync_and_keeps_its_first_arrival_time() -> None:
+    s = schedule().synced(5.0, full=True)
+    for t in (5.02, 5.05, 5.09, 5.5):
         s = s.changed(t)
-    assert s.sync_due() == 5.09 + 0.1
-
-
-def test_a_steady_trickle_cannot_push_a_change_past_the_maximum_delay() -> None:
-    s = schedule().synced(0.0, full=True)
-    t = 5.0
-    while t < 7.0:
-        s = s.changed(t)
-        t += 0.05
-    assert s.sync_due() == 5.0 + 1.0
+    assert s.first_pending == 5.02
+    assert s.sync_due() == 5.0 + 0.1
 
 
 def test_a_sync_clears_pending_changes_and_records_full_resyncs() -> None:
@@ -46,6 +41,7 @@ def test_a_sync_clears_pending_changes_and_records_full_resyncs() -> None:
     assert s.full_due() == 1.1 + 300
     s = s.changed(2.0).synced(2.1, full=False)
     assert s.full_due() == 1.1 + 300
+    assert s.last_sync == 2.1
 
 
 def test_drift_checks_follow_the_last_check_or_the_last_full_sync() -> None:
