@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from agent.allocator.pools import PoolError, parse_block
 from agent.model import IPNetwork
 from agent.policy import DEFAULT_CLASS
 
@@ -73,20 +74,6 @@ def _networks(value: Any, key: str) -> tuple[IPNetwork, ...]:
     return tuple(out)
 
 
-def parse_address_block(text: str, key: str) -> tuple[IPNetwork, ...]:
-    """Return the networks covering a CIDR ("198.18.0.0/24") or a range ("a.b.c.d-e.f.g.h")."""
-    try:
-        if "-" in text:
-            first_s, last_s = (p.strip() for p in text.split("-", 1))
-            first, last = ipaddress.ip_address(first_s), ipaddress.ip_address(last_s)
-            if first.version != last.version or int(first) > int(last):
-                raise ValueError("range ends must be one family, first <= last")
-            return tuple(ipaddress.summarize_address_range(first, last))
-        return (ipaddress.ip_network(text.strip(), strict=True),)
-    except ValueError as exc:
-        raise ConfigError(f"{key}: {text!r} is not a CIDR or address range ({exc})") from None
-
-
 def _pools(value: Any) -> tuple[Pool, ...]:
     if value is None:
         return ()
@@ -98,7 +85,10 @@ def _pools(value: Any) -> tuple[Pool, ...]:
             raise ConfigError(f"pools[{i}]: each pool needs a name")
         nets: list[IPNetwork] = []
         for j, block in enumerate(item.get("addresses") or []):
-            nets.extend(parse_address_block(str(block), f"pools[{i}].addresses[{j}]"))
+            try:
+                nets.extend(parse_block(str(block), f"pools[{i}].addresses[{j}]"))
+            except PoolError as exc:
+                raise ConfigError(str(exc)) from None
         if not nets:
             raise ConfigError(f"pools[{i}] ({item['name']}): no addresses")
         pools.append(Pool(name=str(item["name"]), networks=tuple(nets)))

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from agent.config import ConfigError, load_config, parse_address_block, parse_config
+from agent.allocator.pools import parse_block
+from agent.config import ConfigError, load_config, parse_config
 
 
 def test_defaults_without_a_file_take_the_node_name_from_the_environment(
@@ -70,7 +71,7 @@ def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_address_range_is_covered_exactly() -> None:
-    nets = parse_address_block("198.18.0.200-198.18.0.210", "k")
+    nets = parse_block("198.18.0.200-198.18.0.210", "k")
     covered = {ip for n in nets for ip in n}
     first, last = ipaddress.ip_address("198.18.0.200"), ipaddress.ip_address("198.18.0.210")
     assert covered == {ipaddress.ip_address(i) for i in range(int(first), int(last) + 1)}
