@@ -37,6 +37,7 @@ from agent.dataplane import Dataplane, SyncMode
 from agent.lab import netns
 from agent.model import DesiredState, Endpoint, Frontend, FrontendKey, Protocol
 from agent.nft import NetnsNftRunner, netns_inode, root_netns_inodes
+from bench.measure import percentile, proc_mem_mb
 from rules.render import render
 
 REF_TABLE = "inet kpref"
@@ -174,29 +175,6 @@ def _reset_peak_rss() -> None:
         f.write("5")
 
 
-def _peak_rss_mb() -> float:
-    """Return this process's peak RSS since the last reset (VmHWM), in MiB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _rss_mb() -> float:
-    """Return this process's current RSS (VmRSS), in MiB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def _timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -216,7 +194,7 @@ def measure(runner: NetnsNftRunner, services: int, endpoints: int, changes: int)
     res = dp.sync(state)
     full_s = time.perf_counter() - t0
     assert res.ok and res.mode is SyncMode.FULL, res.error
-    rss_after_full = _rss_mb()
+    rss_after_full = proc_mem_mb()[0]
 
     lat: list[float] = []
     lat_nohint: list[float] = []
@@ -233,7 +211,7 @@ def measure(runner: NetnsNftRunner, services: int, endpoints: int, changes: int)
         modes[res.mode.value] = modes.get(res.mode.value, 0) + 1
         cur = nxt
     dp.cleanup()
-    nodelb_rss = _peak_rss_mb()
+    nodelb_rss = proc_mem_mb()[1]
 
     _reset_peak_rss()
     rng = random.Random(services)
@@ -256,16 +234,16 @@ def measure(runner: NetnsNftRunner, services: int, endpoints: int, changes: int)
         nodelb_render_s=render_s,
         nodelb_full_s=full_s,
         nodelb_change_p50_ms=statistics.median(lat) * 1e3,
-        nodelb_change_p99_ms=_pct(lat, 0.99) * 1e3,
+        nodelb_change_p99_ms=percentile(lat, 0.99) * 1e3,
         nodelb_change_modes=modes,
         nodelb_change_nohint_p50_ms=statistics.median(lat_nohint) * 1e3,
-        nodelb_change_nohint_p99_ms=_pct(lat_nohint, 0.99) * 1e3,
+        nodelb_change_nohint_p99_ms=percentile(lat_nohint, 0.99) * 1e3,
         ref_full_s=ref_full_s,
         ref_change_p50_ms=statistics.median(ref_lat) * 1e3,
-        ref_change_p99_ms=_pct(ref_lat, 0.99) * 1e3,
+        ref_change_p99_ms=percentile(ref_lat, 0.99) * 1e3,
         nodelb_peak_rss_mb=nodelb_rss,
         nodelb_rss_after_full_mb=rss_after_full,
-        ref_peak_rss_mb=_peak_rss_mb(),
+        ref_peak_rss_mb=proc_mem_mb()[1],
     )
 
 

@@ -69,6 +69,7 @@ from agent.lab.cluster import (
 )
 from agent.lab.topology import LB_RANGE4, LabSpec
 from agent.lab.wait import wait_until
+from bench.measure import percentile, proc_mem_mb
 
 NAMESPACE = "default"
 PORT_NAME = "http"
@@ -183,17 +184,6 @@ def proc_cpu_s(pid: int) -> float:
     fields = text[text.rindex(")") + 2 :].split()
     # fields[0] is field 3 (state): utime=14, stime=15, cutime=16, cstime=17.
     return sum(int(fields[n - 3]) for n in (14, 15, 16, 17)) / CLK_TCK
-
-
-def proc_mem_mb(pid: int) -> tuple[float, float]:
-    """Return (VmRSS, VmHWM) of `pid` in MiB."""
-    rss = hwm = 0.0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss = int(line.split()[1]) / 1024
-        elif line.startswith("VmHWM:"):
-            hwm = int(line.split()[1]) / 1024
-    return rss, hwm
 
 
 @dataclass
@@ -435,13 +425,6 @@ class SizeFigures:
     per_change: list[dict[str, Any]]
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 class Bench:
     def __init__(self, cluster: ClusterLab, endpoints: int, threads: int) -> None:
         self.cluster = cluster
@@ -622,8 +605,8 @@ def measure(
     lat_k = [v for c in done if (v := worst(c.kube_proxy)) is not None]
     nodelb_proc = proc_figures(agents, a0, a1, a2, change_wall)
     kp_proc = proc_figures(proxies, k0, k1, k2, change_wall)
-    p50n, p99n = statistics.median(lat_n) if lat_n else float("nan"), _pct(lat_n, 0.99)
-    p50k, p99k = statistics.median(lat_k) if lat_k else float("nan"), _pct(lat_k, 0.99)
+    p50n, p99n = statistics.median(lat_n) if lat_n else float("nan"), percentile(lat_n, 0.99)
+    p50k, p99k = statistics.median(lat_k) if lat_k else float("nan"), percentile(lat_k, 0.99)
     return SizeFigures(
         services=services,
         endpoints=bench.endpoints,
