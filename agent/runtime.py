@@ -8,6 +8,7 @@ the Event sink. Decisions stay in the pure modules it calls.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -333,14 +334,7 @@ class Agent:
             bad = self._cache.bad_slices_of(key)
             if bad:
                 extra = tuple(Problem(ProblemReason.INVALID_SERVICE, b.reason) for b in bad)
-                result = ServiceResult(
-                    result.key,
-                    result.created,
-                    result.uid,
-                    result.frontends,
-                    result.lb_ips,
-                    result.problems + extra,
-                )
+                result = dataclasses.replace(result, problems=result.problems + extra)
             self._results[key] = result
             changed.update(fe.key for fe in result.frontends)
         self._dirty.clear()
