@@ -1,10 +1,12 @@
-"""`nodelb` command line: agent, render, cleanup, lab."""
+"""`nodelb` command line: agent, controller, render, cleanup, lab."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -16,6 +18,8 @@ from kubernetes import client
 from agent import logs
 from agent.config import ConfigError, load_config
 from agent.conntrack import ToolConntrackRunner
+from agent.controller.leader import ElectionTiming
+from agent.controller.runtime import Controller, ControllerSettings
 from agent.dataplane import Dataplane
 from agent.health import HealthServer
 from agent.kube.client import api_client
@@ -107,6 +111,46 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_controller(args: argparse.Namespace) -> int:
+    """Run the allocation controller (leader-elected) until SIGTERM/SIGINT."""
+    logs.setup(args.log_level, args.log_format)
+    log = logging.getLogger("nodelb.controller")
+    identity = (
+        args.identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    )
+    timing = ElectionTiming(
+        lease_duration=args.lease_duration,
+        renew_deadline=args.renew_deadline,
+        retry_period=args.retry_period,
+    )
+    settings = ControllerSettings(
+        namespace=args.namespace, identity=identity, config_path=args.config, election=timing
+    )
+    api = api_client(args.kubeconfig)
+    events = KubeEventSink(client.CoreV1Api(api), component="nodelb-controller", host=identity)
+    controller = Controller(api, settings, events=events)
+    stop = threading.Event()
+    loop = threading.Thread(target=controller.run, args=(stop,), name="controller", daemon=True)
+    health = HealthServer(args.metrics_address, alive=loop.is_alive, ready=controller.ready.is_set)
+
+    def on_signal(signum: int, frame: object) -> None:
+        log.info("stopping", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    events.run()
+    health.run()
+    log.info("controller starting", extra={"identity": identity, "metrics_port": health.port})
+    loop.start()
+    while loop.is_alive():
+        loop.join(timeout=0.5)
+    health.close()
+    events.close()
+    log.info("controller stopped")
+    return 0
+
+
 def cmd_cleanup(args: argparse.Namespace) -> int:
     """Remove the nodelb table from this network namespace (no other table is touched)."""
     LibNftRunner().run(render_cleanup().text())
@@ -154,6 +198,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-format", choices=("json", "text"), default="json")
     p.set_defaults(func=cmd_agent)
+
+    p = sub.add_parser("controller", help="run the IP allocation controller")
+    p.add_argument("--config", type=Path, default=None, help="the shared config file")
+    p.add_argument("--kubeconfig", type=Path, default=None, help="default: in-cluster")
+    p.add_argument("--namespace", default="nodelb-system", help="where the Leases live")
+    p.add_argument("--identity", default=None, help="default: $POD_NAME, else host-pid")
+    p.add_argument("--metrics-address", default="0.0.0.0:9473")
+    p.add_argument("--lease-duration", type=int, default=15, help="seconds")
+    p.add_argument("--renew-deadline", type=float, default=10.0, help="seconds")
+    p.add_argument("--retry-period", type=float, default=2.0, help="seconds")
+    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-format", choices=("json", "text"), default="json")
+    p.set_defaults(func=cmd_controller)
 
     p = sub.add_parser("render", help="print the nft transaction the agent would apply")
     p.add_argument("--node", required=True, help="the node to render for")

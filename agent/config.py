@@ -54,6 +54,7 @@ class AgentConfig:
     handle_classless: bool = True
     external_ip_cidrs: tuple[IPNetwork, ...] = ()
     local_cidrs: tuple[IPNetwork, ...] = ()  # empty: taken from the Node's spec.podCIDRs
+    service_cidrs: tuple[IPNetwork, ...] = ()  # pools must not overlap them (controller)
     pools: tuple[Pool, ...] = ()
     serve_all_ips: bool = True  # hold every LoadBalancer IP (until election decides)
     sync: SyncTiming = field(default_factory=SyncTiming)
@@ -108,6 +109,7 @@ KNOWN_KEYS = {
     "handleClasslessServices",
     "externalIPCIDRs",
     "localCIDRs",
+    "serviceCIDRs",
     "pools",
     "serveAllIPs",
     "sync",
@@ -143,6 +145,7 @@ def parse_config(raw: Mapping[str, Any]) -> AgentConfig:
         handle_classless=bool(raw.get("handleClasslessServices", True)),
         external_ip_cidrs=_networks(raw.get("externalIPCIDRs"), "externalIPCIDRs"),
         local_cidrs=_networks(raw.get("localCIDRs"), "localCIDRs"),
+        service_cidrs=_networks(raw.get("serviceCIDRs"), "serviceCIDRs"),
         pools=_pools(raw.get("pools")),
         serve_all_ips=bool(raw.get("serveAllIPs", True)),
         sync=sync,

@@ -72,6 +72,10 @@ class ExhaustionLimiter:
         """Return the waiting Services whose retry time has come, sorted."""
         return sorted({s for (s, _), w in self._waiting.items() if w.retry_at <= now})
 
+    def waiting_services(self) -> list[str]:
+        """Return every Service waiting on a full pool, sorted (retried when an address frees)."""
+        return sorted({s for s, _ in self._waiting})
+
     def next_retry(self) -> float | None:
         """Return the earliest pending retry time, or None when nothing waits."""
         return min((w.retry_at for w in self._waiting.values()), default=None)

@@ -30,6 +30,8 @@ ETCD_CLIENT_URL = "http://127.0.0.1:2379"
 ETCD_PEER_URL = "http://127.0.0.1:2380"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 DEFAULT_SERVICE_CIDR = "198.18.128.0/20"
+# The cluster is dual-stack so Services may ask for IPv6 and both families (lab range).
+DEFAULT_SERVICE_CIDR6 = "2001:db8:ffff::/112"
 SERVICE_DNS_NAMES = (
     "kubernetes",
     "kubernetes.default",
@@ -253,7 +255,7 @@ class ControlPlane:
             f"--api-audiences={SA_ISSUER}",
             f"--service-account-key-file={p.sa_pub}",
             f"--service-account-signing-key-file={p.sa_key}",
-            f"--service-cluster-ip-range={self.service_cidr}",
+            f"--service-cluster-ip-range={self.service_cidr},{DEFAULT_SERVICE_CIDR6}",
             "--authorization-mode=RBAC",
             "--endpoint-reconciler-type=none",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",

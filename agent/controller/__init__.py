@@ -1,0 +1,1 @@
+"""The allocation controller: leader election, status planning and the node reports it reads."""

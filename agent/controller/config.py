@@ -1,0 +1,89 @@
+"""The controller's configuration: the agents' config file, with its pools validated in full.
+
+The controller and the agents read the same file (one ConfigMap). The agents only need pool
+addresses; the controller needs the whole pool definitions, validated against what the
+cluster already uses: node addresses and pod CIDRs come from the Node objects (or the
+``localCIDRs`` setting), service CIDRs from ``serviceCIDRs``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.allocator.pools import Forbidden, PoolError, PoolSet, parse_pools
+from agent.config import AgentConfig, ConfigError, parse_config
+from agent.model import IPAddress, IPNetwork
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """The shared settings plus the validated pools (None: pools are not configured at all)."""
+
+    agent: AgentConfig
+    pools: PoolSet | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterAddresses:
+    """What the cluster already uses, read from the Node objects."""
+
+    node_addresses: tuple[IPAddress, ...] = ()
+    pod_cidrs: tuple[IPNetwork, ...] = ()
+
+
+def cluster_addresses(nodes: Iterable[Mapping[str, Any]]) -> ClusterAddresses:
+    """Return the InternalIP/ExternalIP addresses and spec.podCIDRs of raw Node objects."""
+    addrs: list[IPAddress] = []
+    cidrs: list[IPNetwork] = []
+    for node in nodes:
+        for entry in (node.get("status") or {}).get("addresses") or []:
+            if entry.get("type") in ("InternalIP", "ExternalIP"):
+                try:
+                    addrs.append(ipaddress.ip_address(str(entry.get("address"))))
+                except ValueError:
+                    continue  # a node's bad address is the node's problem, not the pools'
+        for text in (node.get("spec") or {}).get("podCIDRs") or []:
+            try:
+                cidrs.append(ipaddress.ip_network(str(text), strict=False))
+            except ValueError:
+                continue
+    return ClusterAddresses(tuple(sorted(set(addrs), key=_key)), tuple(dict.fromkeys(cidrs)))
+
+
+def _key(ip: IPAddress) -> tuple[int, int]:
+    return (ip.version, int(ip))
+
+
+def read_document(path: Path) -> Mapping[str, Any]:
+    """Return the parsed config file; ConfigError when it cannot be read or is not a mapping."""
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read configuration: {exc}") from None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{path}: the configuration must be a mapping")
+    return raw
+
+
+def parse_controller_config(
+    raw: Mapping[str, Any], *, cluster: ClusterAddresses
+) -> ControllerConfig:
+    """Return the validated controller config; ConfigError naming the key on any problem."""
+    agent = parse_config(raw)
+    pod_cidrs = agent.local_cidrs or cluster.pod_cidrs
+    forbidden = Forbidden(
+        node_addresses=cluster.node_addresses,
+        pod_cidrs=pod_cidrs,
+        service_cidrs=agent.service_cidrs,
+    )
+    try:
+        pools = parse_pools(raw.get("pools"), forbidden=forbidden)
+    except PoolError as exc:
+        raise ConfigError(str(exc)) from None
+    return ControllerConfig(agent=agent, pools=pools)

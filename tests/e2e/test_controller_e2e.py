@@ -1,0 +1,451 @@
+"""The allocation controller against a real kube-apiserver: real processes, real Leases.
+
+Two `nodelb controller` replicas run in the control-plane namespace with a fast election
+(4 s Lease). A watcher in the test process follows every Service status change and records
+any moment an address is held by two Services — checked continuously, not only at the end.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import ipaddress
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, cast
+
+import orjson
+import pytest
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from agent.controller.reports import report_body
+from agent.lab import nsclient
+from agent.lab.controllers import NAMESPACE, ControllerSet
+from agent.lab.controlplane import ControlPlane
+from agent.lab.topology import Lab
+from agent.lab.wait import wait_until
+
+pytestmark = pytest.mark.e2e
+
+BULK = 500
+POOLS: list[dict[str, Any]] = [
+    {"name": "main", "addresses": ["198.19.0.0/22"]},
+    {"name": "v6", "addresses": ["2001:db8:100::/120"]},
+    {"name": "tiny", "addresses": ["198.19.8.1-198.19.8.2"], "autoAssign": False},
+    {
+        "name": "v6-restricted",
+        "addresses": ["2001:db8:200::/120"],
+        "namespaces": ["nowhere"],
+    },
+]
+CONFIG: dict[str, Any] = {"pools": POOLS}
+
+
+@pytest.fixture(scope="module")
+def core(controlplane: ControlPlane) -> client.CoreV1Api:
+    return client.CoreV1Api(controlplane.api_client())
+
+
+@pytest.fixture(scope="module")
+def controllers(
+    cp_lab: Lab, controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControllerSet]:
+    """Yield two running controller replicas ("ctl-a", "ctl-b") and one elected leader."""
+    cs = ControllerSet(cp_lab, controlplane, Path(tmp_path_factory.mktemp("controllers")))
+    cs.ensure_namespace()
+    cs.write_config(CONFIG)
+    try:
+        cs.start("ctl-a")
+        cs.start("ctl-b")
+        wait_until(cs.leader, 30, "a controller to take the Lease")
+        yield cs
+    finally:
+        cs.stop_all()
+
+
+def make_ns(core: client.CoreV1Api, name: str) -> str:
+    core.create_namespace(cast(Any, {"metadata": {"name": name}}))
+    return name
+
+
+def create_svc(core: client.CoreV1Api, ns: str, body: dict[str, Any]) -> Any:
+    """Create a Service from a plain dict (the typed client accepts dicts at run time)."""
+    return core.create_namespaced_service(ns, cast(Any, body))
+
+
+def lb_service(
+    name: str,
+    *,
+    port: int = 80,
+    annotations: dict[str, str] | None = None,
+    families: list[str] | None = None,
+    policy: str | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "type": "LoadBalancer",
+        "selector": {"app": name},
+        "ports": [{"name": "p", "port": port, "protocol": "TCP"}],
+    }
+    if families:
+        spec["ipFamilies"] = families
+    if policy:
+        spec["ipFamilyPolicy"] = policy
+    return {
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": spec,
+    }
+
+
+def status_of(core: client.CoreV1Api, ns: str, name: str) -> dict[str, Any]:
+    raw: Any = core.read_namespaced_service(name, ns, _preload_content=False)
+    obj: dict[str, Any] = orjson.loads(raw.data)
+    return obj.get("status") or {}
+
+
+def ips_of(core: client.CoreV1Api, ns: str, name: str) -> list[str]:
+    ingress = (status_of(core, ns, name).get("loadBalancer") or {}).get("ingress") or []
+    return [e["ip"] for e in ingress if e.get("ip")]
+
+
+def condition(core: client.CoreV1Api, ns: str, name: str, kind: str) -> dict[str, Any] | None:
+    for cond in status_of(core, ns, name).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def cond_is(core: client.CoreV1Api, ns: str, name: str, kind: str, want: str) -> bool:
+    """Return True when condition `kind` reads `want` ("Status/Reason")."""
+    status, reason = want.split("/")
+    c = condition(core, ns, name, kind)
+    return c is not None and c.get("status") == status and c.get("reason") == reason
+
+
+def events(core: client.CoreV1Api, ns: str, name: str, reason: str) -> list[dict[str, Any]]:
+    raw: Any = core.list_namespaced_event(
+        ns, field_selector=f"involvedObject.name={name}", _preload_content=False
+    )
+    items = orjson.loads(raw.data).get("items") or []
+    return [e for e in items if e.get("reason") == reason]
+
+
+def scrape(cs: ControllerSet, name: str) -> str:
+    assert cs.lab.controlplane is not None
+    with nsclient.pool_manager(cs.lab.controlplane.ns) as pm:
+        resp = pm.request("GET", cs.metrics_url(name), timeout=2.0, retries=False)
+        return str(resp.data.decode())
+
+
+class HolderWatcher:
+    """Follows Service status in one namespace; records every moment an IP has two holders."""
+
+    def __init__(self, core: client.CoreV1Api, namespace: str) -> None:
+        self._core = core
+        self._ns = namespace
+        self.current: dict[str, tuple[str, ...]] = {}
+        self.violations: list[str] = []
+        self.errors: list[str] = []
+        self.events_seen = 0
+        self._stop = threading.Event()
+        self._watch = watch.Watch()  # type: ignore[no-untyped-call]
+        listed: Any = core.list_namespaced_service(namespace)
+        self._rv = listed.metadata.resource_version
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._follow()
+        except Exception as exc:  # the apiserver stopping ends the stream after close()
+            if not self._stop.is_set():
+                self.errors.append(repr(exc))
+
+    def _follow(self) -> None:
+        for ev in self._watch.stream(  # type: ignore[no-untyped-call]
+            self._core.list_namespaced_service,
+            self._ns,
+            resource_version=self._rv,
+            timeout_seconds=600,
+        ):
+            obj = ev["object"]
+            key = obj.metadata.name
+            ingress = (obj.status.load_balancer.ingress or []) if obj.status.load_balancer else []
+            ips = tuple(i.ip for i in ingress if i.ip)
+            if ev["type"] == "DELETED":
+                self.current.pop(key, None)
+            else:
+                self.current[key] = ips
+            self.events_seen += 1
+            holders: dict[str, list[str]] = {}
+            for svc, held in self.current.items():
+                for ip in held:
+                    holders.setdefault(ip, []).append(svc)
+            for ip, svcs in holders.items():
+                if len(svcs) > 1:
+                    self.violations.append(f"{ip} held by {sorted(svcs)}")
+            if self._stop.is_set():
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._watch.stop()  # type: ignore[no-untyped-call]
+
+
+def test_two_controllers_500_services_never_share_an_address_even_when_the_leader_dies(
+    core: client.CoreV1Api, controllers: ControllerSet
+) -> None:
+    ns = make_ns(core, "bulk")
+    watcher = HolderWatcher(core, ns)
+    try:
+        first = controllers.leader()
+        assert first in ("ctl-a", "ctl-b")
+        killed = threading.Event()
+
+        def create(i: int) -> None:
+            create_svc(core, ns, lb_service(f"s{i:03d}"))
+
+        def kill_leader_midway() -> None:
+            wait_until(
+                lambda: sum(1 for v in watcher.current.values() if v) >= BULK // 4,
+                120,
+                "a quarter of the Services to be allocated",
+            )
+            controllers.kill(str(first))
+            killed.set()
+
+        killer = threading.Thread(target=kill_leader_midway, daemon=True)
+        killer.start()
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(create, range(BULK)))
+        killer.join(timeout=130)
+        assert killed.is_set(), "the leader was never killed mid-run"
+        wait_until(
+            lambda: sum(1 for v in watcher.current.values() if v) == BULK,
+            180,
+            f"all {BULK} Services to get an address after the leader was killed",
+        )
+        assert controllers.leader() not in (None, first)
+        ips = [ip for v in watcher.current.values() for ip in v]
+        assert len(ips) == BULK == len(set(ips))
+        assert all(ipaddress.ip_address(ip) in ipaddress.ip_network("198.19.0.0/22") for ip in ips)
+        assert watcher.violations == []
+        assert watcher.errors == []
+        # The new leader found the dead one's allocations in status and kept them.
+        assert watcher.events_seen >= BULK
+    finally:
+        watcher.close()
+
+
+def test_a_restarted_controller_moves_nothing(
+    core: client.CoreV1Api, controllers: ControllerSet
+) -> None:
+    before = {f"s{i:03d}": ips_of(core, "bulk", f"s{i:03d}") for i in range(BULK)}
+    assert all(before.values())
+    controllers.stop_all()
+    controllers.start("ctl-c")
+    wait_until(lambda: controllers.leader() == "ctl-c", 30, "ctl-c to lead")
+    # The newest Service is allocated after every existing one is recorded and re-checked.
+    create_svc(core, "bulk", lb_service("after-restart"))
+    wait_until(lambda: ips_of(core, "bulk", "after-restart"), 60, "the new Service's address")
+    after = {name: ips_of(core, "bulk", name) for name in before}
+    moved = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+    assert moved == {}
+    assert ips_of(core, "bulk", "after-restart")[0] not in {ip for v in before.values() for ip in v}
+    controllers.start("ctl-d")  # back to two replicas for the rest of the module
+
+
+def test_an_exhausted_pool_reports_boundedly_and_hands_out_a_freed_address_at_once(
+    core: client.CoreV1Api, controllers: ControllerSet
+) -> None:
+    ns = make_ns(core, "tiny")
+    tiny = {"nodelb.io/ip-pool": "tiny"}
+    for name in ("t1", "t2"):
+        create_svc(core, ns, lb_service(name, annotations=tiny))
+    wait_until(lambda: ips_of(core, ns, "t1") and ips_of(core, ns, "t2"), 30, "t1 and t2 served")
+    create_svc(core, ns, lb_service("t3", annotations=tiny))
+    wait_until(lambda: events(core, ns, "t3", "PoolExhausted"), 30, "a PoolExhausted Event")
+    wait_until(
+        lambda: cond_is(core, ns, "t3", "LoadBalancerServing", "False/Infrastructure"),
+        30,
+        "t3 Serving=False/Infrastructure",
+    )
+    # Resyncs and retries inside the backoff window do not repeat the Warning: over the first
+    # 6 s (the backoff starts at 5 s and doubles) at most two can exist.
+    start = datetime.datetime.now(datetime.UTC)
+    wait_until(
+        lambda: datetime.datetime.now(datetime.UTC) - start > datetime.timedelta(seconds=6),
+        10,
+        "an observation window",
+    )
+    assert 1 <= len(events(core, ns, "t3", "PoolExhausted")) <= 2
+    freed = ips_of(core, ns, "t1")
+    core.delete_namespaced_service("t1", ns)
+    # Well inside the current backoff (10 s by now): the release retries waiting Services.
+    wait_until(lambda: ips_of(core, ns, "t3") == freed, 4, "t3 to get t1's freed address")
+    assert ips_of(core, ns, "t3") == freed
+    wait_until(lambda: events(core, ns, "t3", "IPAllocated"), 10, "t3's IPAllocated Event")
+
+
+def test_dual_stack_gets_one_address_per_family_with_ipmode_vip(
+    core: client.CoreV1Api, controllers: ControllerSet
+) -> None:
+    ns = make_ns(core, "dual")
+    create_svc(core, ns, lb_service("both", families=["IPv4", "IPv6"], policy="RequireDualStack"))
+    wait_until(lambda: len(ips_of(core, ns, "both")) == 2, 30, "two addresses")
+    ingress = status_of(core, ns, "both")["loadBalancer"]["ingress"]
+    assert [ipaddress.ip_address(e["ip"]).version for e in ingress] == [4, 6]
+    assert {e.get("ipMode") for e in ingress} == {"VIP"}
+    # PreferDualStack in a namespace no IPv6 pool admits: served on IPv4, marked degraded;
+    # the restricted v6 pool is not used, the open one is, so force it with a pool name.
+    create_svc(
+        core,
+        ns,
+        lb_service(
+            "prefer",
+            families=["IPv4", "IPv6"],
+            policy="PreferDualStack",
+            annotations={"nodelb.io/ip-pool": "main"},
+        ),
+    )
+    wait_until(
+        lambda: cond_is(core, ns, "prefer", "LoadBalancerDegraded", "True/IPFamiliesNotSupported"),
+        30,
+        "prefer Degraded=True/IPFamiliesNotSupported",
+    )
+    assert len(ips_of(core, ns, "prefer")) == 1
+
+
+def test_sharing_by_key_and_a_port_collision(
+    core: client.CoreV1Api, controllers: ControllerSet
+) -> None:
+    ns = make_ns(core, "share")
+    key = {"nodelb.io/allow-shared-ip": "k1"}
+    create_svc(core, ns, lb_service("web", port=80, annotations=key))
+    wait_until(lambda: ips_of(core, ns, "web"), 30, "web's address")
+    create_svc(core, ns, lb_service("dns", port=53, annotations=key))
+    wait_until(lambda: ips_of(core, ns, "dns"), 30, "dns's address")
+    assert ips_of(core, ns, "dns") == ips_of(core, ns, "web")
+    # Same key, but port 80 is taken on that address: the key cannot be joined.
+    wanted = {**key, "nodelb.io/load-balancer-ips": ips_of(core, ns, "web")[0]}
+    create_svc(core, ns, lb_service("clash", port=80, annotations=wanted))
+    wait_until(lambda: events(core, ns, "clash", "IPRequestInvalid"), 30, "IPRequestInvalid")
+    assert ips_of(core, ns, "clash") == []
+    assert cond_is(core, ns, "clash", "LoadBalancerServing", "False/Infrastructure")
+
+
+def test_conditions_follow_the_node_reports(
+    core: client.CoreV1Api, controllers: ControllerSet, controlplane: ControlPlane
+) -> None:
+    ns = make_ns(core, "serve")
+    create_svc(core, ns, lb_service("web"))
+    wait_until(lambda: ips_of(core, ns, "web"), 30, "web's address")
+    assert cond_is(core, ns, "web", "LoadBalancerServing", "False/Provisioning")
+    assert cond_is(core, ns, "web", "LoadBalancerProvisioning", "True/Provisioning")
+    assert cond_is(core, ns, "web", "LoadBalancerDegraded", "False/NotDegraded")
+    ip = ipaddress.ip_address(ips_of(core, ns, "web")[0])
+    coord = client.CoordinationV1Api(controlplane.api_client())
+    # A node reports it holds the IP with its rules in place, for 3 s, then stops renewing.
+    coord.create_namespaced_lease(
+        NAMESPACE,
+        cast(Any, report_body)(
+            node="node-x",
+            namespace=NAMESPACE,
+            ips=[ip],
+            now=datetime.datetime.now(datetime.UTC),
+            duration=3,
+        ),
+    )
+    wait_until(
+        lambda: cond_is(core, ns, "web", "LoadBalancerServing", "True/Serving"),
+        30,
+        "Serving=True once a node reports the IP",
+    )
+    assert cond_is(core, ns, "web", "LoadBalancerProvisioning", "False/Complete")
+    wait_until(
+        lambda: cond_is(core, ns, "web", "LoadBalancerServing", "False/Provisioning"),
+        30,
+        "Serving=False again once the report expired",
+    )
+    # A required feature nodelb does not know: refused, not degraded, and no address.
+    create_svc(
+        core, ns, lb_service("picky", annotations={"nodelb.io/required-features": "Teleport"})
+    )
+    wait_until(
+        lambda: cond_is(core, ns, "picky", "LoadBalancerServing", "False/Unsupported"),
+        30,
+        "picky Serving=False/Unsupported",
+    )
+    assert ips_of(core, ns, "picky") == []
+    coord.delete_namespaced_lease("nodelb-node-node-x", NAMESPACE)
+
+
+def test_bad_requests_get_specific_events_and_others_keep_their_addresses(
+    core: client.CoreV1Api, controllers: ControllerSet
+) -> None:
+    ns = make_ns(core, "bad")
+    create_svc(core, ns, lb_service("good"))
+    wait_until(lambda: ips_of(core, ns, "good"), 30, "good's address")
+    good = ips_of(core, ns, "good")
+    cases = {
+        "not-an-ip": ({"nodelb.io/load-balancer-ips": "300.1.2.3"}, "InvalidAnnotation"),
+        "outside": ({"nodelb.io/load-balancer-ips": "198.18.77.7"}, "RequestedIPNotInPool"),
+        "no-pool": ({"nodelb.io/ip-pool": "missing"}, "UnknownPool"),
+        "taken": ({"nodelb.io/load-balancer-ips": good[0]}, "RequestedIPInUse"),
+    }
+    for name, (wanted_annotations, _) in cases.items():
+        create_svc(core, ns, lb_service(name, annotations=wanted_annotations))
+    for name, (_, reason) in cases.items():
+        found = wait_until(
+            functools.partial(events, core, ns, name, "IPRequestInvalid"), 30, f"{name}'s Warning"
+        )
+        assert reason in found[0]["message"], found[0]["message"]
+        assert found[0]["type"] == "Warning"
+        assert ips_of(core, ns, name) == []
+    assert ips_of(core, ns, "good") == good
+
+
+def test_an_invalid_pool_reload_is_refused_and_a_valid_one_applies(
+    core: client.CoreV1Api, controllers: ControllerSet
+) -> None:
+    ns = make_ns(core, "reload")
+    create_svc(core, ns, lb_service("keeper"))
+    kept = wait_until(lambda: ips_of(core, ns, "keeper"), 30, "keeper's address")
+    create_svc(core, ns, lb_service("late", annotations={"nodelb.io/ip-pool": "new"}))
+    wait_until(lambda: events(core, ns, "late", "IPRequestInvalid"), 30, "UnknownPool Warning")
+    leader = controllers.leader()
+    assert leader is not None
+    overlapping = {"pools": [*POOLS, {"name": "new", "addresses": ["198.19.0.128/25"]}]}
+    controllers.write_config(overlapping)
+    wait_until(
+        lambda: 'nodelb_config_reloads_total{result="error"} 1.0' in scrape(controllers, leader),
+        30,
+        "the overlapping pool refused",
+    )
+    assert ips_of(core, ns, "late") == []
+    assert ips_of(core, ns, "keeper") == kept
+    controllers.write_config({"pools": [*POOLS, {"name": "new", "addresses": ["198.19.9.0/28"]}]})
+    wait_until(lambda: ips_of(core, ns, "late"), 30, "late's address from the new pool")
+    assert ipaddress.ip_address(ips_of(core, ns, "late")[0]) in ipaddress.ip_network(
+        "198.19.9.0/28"
+    )
+    controllers.write_config(CONFIG)
+
+
+def test_a_status_write_from_a_stale_view_is_refused(core: client.CoreV1Api) -> None:
+    """The guard the controller relies on: a merge patch carrying an old resourceVersion."""
+    ns = make_ns(core, "stale")
+    created = create_svc(core, ns, lb_service("x"))
+    old_rv = created.metadata.resource_version
+    core.patch_namespaced_service("x", ns, {"metadata": {"labels": {"touched": "1"}}})
+    patch = {
+        "metadata": {"resourceVersion": old_rv},
+        "status": {"loadBalancer": {"ingress": [{"ip": "198.19.3.250", "ipMode": "VIP"}]}},
+    }
+    with pytest.raises(ApiException) as err:
+        core.patch_namespaced_service_status(
+            "x", ns, patch, _content_type="application/merge-patch+json"
+        )
+    assert err.value.status == 409
