@@ -326,11 +326,15 @@ def merge_conditions(
 
 
 def _render(cond: Condition, transition: str, generation: int) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "type": cond.type.value,
         "status": "True" if cond.status else "False",
         "reason": cond.reason.value,
         "message": cond.message,
         "lastTransitionTime": transition,
-        "observedGeneration": generation,
     }
+    # Services carry no metadata.generation, and the API drops a zero observedGeneration
+    # (omitempty): writing 0 would make every comparison with the stored status differ.
+    if generation:
+        out["observedGeneration"] = generation
+    return out

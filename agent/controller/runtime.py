@@ -27,6 +27,7 @@ rules in place; a change, or a report expiring, re-evaluates the Services using 
 from __future__ import annotations
 
 import datetime
+import enum
 import functools
 import hashlib
 import heapq
@@ -34,6 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -42,7 +44,12 @@ import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from agent.allocator.allocation import AllocationReason, Allocator, allocation_order
+from agent.allocator.allocation import (
+    AllocationReason,
+    AllocationResult,
+    Allocator,
+    allocation_order,
+)
 from agent.allocator.events import ExhaustionLimiter
 from agent.allocator.request import IPFamily, ServiceRequest
 from agent.config import ConfigError
@@ -64,6 +71,7 @@ from agent.controller.reports import (
 )
 from agent.controller.status import (
     ServiceView,
+    StatusPlan,
     allocation_events,
     parse_view,
     plan_status,
@@ -91,6 +99,25 @@ class ControllerSettings:
     reload_period: float = 2.0
     conflict_retry: float = 1.0
     error_retry: float = 5.0
+    write_concurrency: int = 4  # status patches in flight (one per Service at most)
+
+
+class WriteOutcome(enum.StrEnum):
+    """How a status write ended (the values are the metric's result label)."""
+
+    OK = "ok"
+    CONFLICT = "conflict"  # 409 stale resourceVersion, or 404 deleted meanwhile
+    ERROR = "error"
+    NOT_LEADER = "not_leader"  # not sent: leadership lapsed before it left
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    key: str
+    view: ServiceView
+    result: AllocationResult
+    plan: StatusPlan
+    reallocated: str | None
 
 
 def namespace_labels(obj: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -114,6 +141,10 @@ class Controller:
         self._reports_changed = False
         self._leadership_changed = False
         self._timers: list[tuple[float, str]] = []
+        self._writer = ThreadPoolExecutor(settings.write_concurrency, thread_name_prefix="write")
+        self._inflight: set[str] = set()
+        self._deferred: set[str] = set()
+        self._completions: list[tuple[_Write, WriteOutcome]] = []
         self._allocator: Allocator | None = None
         self._released: dict[IPAddress, float] = {}
         self._reallocated: dict[str, str] = {}
@@ -220,17 +251,24 @@ class Controller:
                 self._cond.notify_all()
             for t in threads:
                 t.join(timeout=10)
+            self._writer.shutdown(wait=True, cancel_futures=True)
 
     def _iterate(self, stop: threading.Event) -> None:
         now = time.monotonic()
         with self._cond:
-            if not (self._dirty or self._reports_changed or self._leadership_changed):
+            if not (
+                self._dirty
+                or self._reports_changed
+                or self._leadership_changed
+                or self._completions
+            ):
                 self._cond.wait(timeout=max(0.0, min(self._next_wake(), 1.0)))
             keys, self._dirty = self._dirty, set()
             reports_changed, self._reports_changed = self._reports_changed, False
             self._leadership_changed = False
         if stop.is_set():
             return
+        self._finish_writes()
         now = time.monotonic()
         if now >= self._next_reload:
             self._next_reload = now + self._settings.reload_period
@@ -328,6 +366,9 @@ class Controller:
 
     def _process(self, key: str, view: ServiceView | None) -> None:
         assert self._allocator is not None
+        if key in self._inflight:
+            self._deferred.add(key)  # one write per Service at a time; redo it afterwards
+            return
         now = time.monotonic()
         if view is None:
             result = self._allocator.release(key, now=now)
@@ -360,34 +401,65 @@ class Controller:
         )
         if plan is None:
             return
+        self._inflight.add(key)
+        write = _Write(key, view, result, plan, self._reallocated.pop(key, None))
+        future = self._writer.submit(self._write, write)
+        future.add_done_callback(lambda f: self._completed(write, f))
+
+    def _write(self, write: _Write) -> WriteOutcome:
+        """Send one status patch (writer thread); the leader check is the last thing before it."""
         if not self.elector.is_leader():
-            self._mark([key])
-            return
+            return WriteOutcome.NOT_LEADER
         try:
             self._core.patch_namespaced_service_status(
-                view.name,
-                view.namespace,
-                plan.patch(view.resource_version),
+                write.view.name,
+                write.view.namespace,
+                write.plan.patch(write.view.resource_version),
                 _content_type=MERGE_PATCH,
                 _preload_content=False,
             )
         except ApiException as exc:
-            if exc.status == 409:
-                metrics.STATUS_WRITES.labels("conflict").inc()
-                self._retry(key, time.monotonic() + self._settings.conflict_retry)
-            elif exc.status == 404:
-                metrics.STATUS_WRITES.labels("conflict").inc()
+            if exc.status in (404, 409):
+                return WriteOutcome.CONFLICT
+            log.warning("status write failed", extra={"service": write.key, "error": str(exc)})
+            return WriteOutcome.ERROR
+        return WriteOutcome.OK
+
+    def _completed(self, write: _Write, future: Future[WriteOutcome]) -> None:
+        exc = future.exception()
+        outcome = WriteOutcome.ERROR if exc is not None else future.result()
+        with self._cond:
+            self._completions.append((write, outcome))
+            self._cond.notify()
+
+    def _finish_writes(self) -> None:
+        """Account for the writes that completed (worker thread: all state changes happen here)."""
+        with self._cond:
+            done, self._completions = self._completions, []
+        now = time.monotonic()
+        for write, outcome in done:
+            self._inflight.discard(write.key)
+            if write.key in self._deferred:
+                self._deferred.discard(write.key)
+                self._mark([write.key])
+            if outcome is WriteOutcome.NOT_LEADER:
+                self._mark([write.key])
+                continue
+            metrics.STATUS_WRITES.labels(outcome.value).inc()
+            if outcome is WriteOutcome.CONFLICT:
+                # The watch brings the new version (or the deletion); retry in case it did not.
+                self._retry(write.key, now + self._settings.conflict_retry)
+            elif outcome is WriteOutcome.ERROR:
+                self._retry(write.key, now + self._settings.error_retry)
             else:
-                metrics.STATUS_WRITES.labels("error").inc()
-                log.warning("status write failed", extra={"service": key, "error": str(exc)})
-                self._retry(key, time.monotonic() + self._settings.error_retry)
-            return
-        metrics.STATUS_WRITES.labels("ok").inc()
+                self._announce(write)
+
+    def _announce(self, write: _Write) -> None:
         for event in allocation_events(
-            view, result, plan, reallocated=self._reallocated.pop(key, None)
+            write.view, write.result, write.plan, reallocated=write.reallocated
         ):
             if event.reason == "IPAllocated":
-                for pool in result.pools or ("",):
+                for pool in write.result.pools or ("",):
                     metrics.ALLOCATIONS.labels(pool).inc()
             self._events.record(event)
 

@@ -8,7 +8,7 @@ from typing import Any
 from kubernetes import client, config
 
 
-def api_client(kubeconfig: Path | None) -> Any:
+def api_client(kubeconfig: Path | None, *, pool_size: int = 8) -> Any:
     """Return a kubernetes ApiClient: from `kubeconfig`, else from the in-cluster credentials."""
     configuration = client.Configuration()
     if kubeconfig is not None:
@@ -18,5 +18,5 @@ def api_client(kubeconfig: Path | None) -> Any:
     else:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     # Watches hold connections open; one pool slot per reflector plus status writes and Events.
-    configuration.connection_pool_maxsize = 8
+    configuration.connection_pool_maxsize = pool_size
     return client.ApiClient(configuration)

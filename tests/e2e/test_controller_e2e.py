@@ -254,6 +254,8 @@ def test_a_restarted_controller_moves_nothing(
     moved = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
     assert moved == {}
     assert ips_of(core, "bulk", "after-restart")[0] not in {ip for v in before.values() for ip in v}
+    # Nothing was rewritten either: the only status write is the new Service's.
+    assert 'nodelb_status_writes_total{result="ok"} 1.0' in scrape(controllers, "ctl-c")
     controllers.start("ctl-d")  # back to two replicas for the rest of the module
 
 

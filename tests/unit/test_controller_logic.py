@@ -199,3 +199,18 @@ def test_invalid_requests_and_unparseable_services_get_specific_warnings() -> No
     assert view.request is None
     event = problem_event(view, None)
     assert event is not None and event.reason == "InvalidService"
+
+
+def test_a_service_without_generation_is_not_rewritten_after_the_api_drops_zero() -> None:
+    assert POOLS is not None
+    obj = service()
+    del obj["metadata"]["generation"]  # Services carry none; the API omits a zero
+    view = parse_view(obj, lb_class="nodelb.io/lb", handle_classless=True)
+    assert view.request is not None
+    result = Allocator(POOLS).allocate(view.request, now=0.0)
+    plan = plan_status(view, view.request, result, serving_ips=frozenset(), now=WALL)
+    assert plan is not None
+    assert all("observedGeneration" not in c for c in plan.conditions)
+    obj["status"] = {"loadBalancer": {"ingress": plan.ingress}, "conditions": plan.conditions}
+    stored = parse_view(obj, lb_class="nodelb.io/lb", handle_classless=True)
+    assert plan_status(stored, view.request, result, serving_ips=frozenset(), now=WALL) is None
