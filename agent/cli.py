@@ -22,6 +22,7 @@ from agent.controller.leader import ElectionTiming
 from agent.controller.runtime import Controller, ControllerSettings
 from agent.dataplane import Dataplane
 from agent.health import HealthServer
+from agent.healthcheck import HealthCheckServers
 from agent.kube.client import api_client
 from agent.kube.events import KubeEventSink, ListSink
 from agent.lab import demo, session
@@ -82,7 +83,14 @@ def cmd_agent(args: argparse.Namespace) -> int:
     api = api_client(args.kubeconfig)
     events = KubeEventSink(client.CoreV1Api(api), component="nodelb-agent", host=cfg.node_name)
     dataplane = Dataplane(LibNftRunner(), conntrack=ToolConntrackRunner())
-    agent = Agent(cfg, dataplane=dataplane, events=events, lists=list_fns(api))
+    health_ports = HealthCheckServers() if cfg.health_check_node_ports else None
+    agent = Agent(
+        cfg,
+        dataplane=dataplane,
+        events=events,
+        lists=list_fns(api),
+        on_health=health_ports.update if health_ports else None,
+    )
     stop = threading.Event()
     loop = threading.Thread(target=agent.run, args=(stop,), name="agent", daemon=True)
     health = HealthServer(
@@ -104,6 +112,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     while loop.is_alive():
         loop.join(timeout=0.5)
     health.close()
+    if health_ports is not None:
+        health_ports.close()
     events.close()
     # The table stays in place: a restarted agent takes it over in one transaction, and
     # traffic keeps flowing meanwhile. `nodelb cleanup` removes it.

@@ -59,6 +59,8 @@ class AgentConfig:
     serve_all_ips: bool = True  # hold every LoadBalancer IP (until election decides)
     sync: SyncTiming = field(default_factory=SyncTiming)
     metrics_address: str = DEFAULT_METRICS_ADDRESS
+    # Answer healthCheckNodePorts (kube-proxy does where it runs: on only without it).
+    health_check_node_ports: bool = False
 
 
 def _networks(value: Any, key: str) -> tuple[IPNetwork, ...]:
@@ -114,6 +116,7 @@ KNOWN_KEYS = {
     "serveAllIPs",
     "sync",
     "metricsAddress",
+    "healthCheckNodePorts",
 }
 
 
@@ -150,6 +153,7 @@ def parse_config(raw: Mapping[str, Any]) -> AgentConfig:
         serve_all_ips=bool(raw.get("serveAllIPs", True)),
         sync=sync,
         metrics_address=str(raw.get("metricsAddress", DEFAULT_METRICS_ADDRESS)),
+        health_check_node_ports=bool(raw.get("healthCheckNodePorts", False)),
     )
 
 

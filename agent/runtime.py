@@ -31,6 +31,7 @@ from agent.desired import (
     service_frontends,
 )
 from agent.endpoints import Slice
+from agent.healthcheck import HealthAnswer, answer_for, answers_by_port
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
 from agent.kube.reflector import ListFn, Reflector
 from agent.kube.store import Change, Store
@@ -102,6 +103,7 @@ class Agent:
         lists: ListFns,
         clock: Callable[[], float] = time.monotonic,
         on_problem: Callable[[Problem], None] | None = None,
+        on_health: Callable[[dict[int, HealthAnswer]], list[str]] | None = None,
     ) -> None:
         self.cfg = cfg
         self._dataplane = dataplane
@@ -109,6 +111,9 @@ class Agent:
         self._lists = lists
         self._clock = clock
         self._on_problem = on_problem or (lambda p: None)
+        self._on_health = on_health
+        self._health: dict[str, tuple[int, HealthAnswer]] = {}
+        self._health_served: dict[int, HealthAnswer] = {}
         self._cache = ClusterCache(cfg.node_name)
         self._results: dict[str, ServiceResult] = {}
         self._dirty: set[str] = set()
@@ -245,6 +250,7 @@ class Agent:
                 desired, touched, changed = self._recompute(everything=full or self._all_dirty)
         if desired is not None:
             self._sync(desired, touched, changed, full=full, now=now)
+            self._serve_health()
         if now >= self._schedule.drift_due() and self.status.first_sync_done:
             with self._cond:
                 self._schedule = self._schedule.drift_checked(now)
@@ -321,9 +327,12 @@ class Agent:
             if previous is not None:
                 changed.update(fe.key for fe in previous.frontends)
             svc = self._cache.services.get(key)
+            self._health.pop(key, None)
             if svc is None:
                 self._results.pop(key, None)
                 continue
+            if self._on_health is not None and isinstance(svc, Service):
+                self._note_health(svc)
             result = service_frontends(
                 svc,
                 self._cache.slices_of(key),
@@ -351,6 +360,27 @@ class Agent:
         self.status.services = len(self._results)
         metrics.SERVICES_HANDLED.set(len(self._results))
         return assembly.desired, set(problems), (None if everything else changed)
+
+    def _note_health(self, svc: Service) -> None:
+        """Record the healthCheckNodePort answer of one of our Local Services (lock held)."""
+        kind = classify(svc, lb_class=self.cfg.lb_class, handle_classless=self.cfg.handle_classless)
+        if svc.health_check_node_port is None or not is_ours(kind):
+            return
+        answer = answer_for(svc, self._cache.slices_of(svc.key), self.cfg.node_name)
+        if answer is not None:
+            self._health[svc.key] = (svc.health_check_node_port, answer)
+
+    def _serve_health(self) -> None:
+        """Hand changed healthCheckNodePort answers to the listeners (outside the lock)."""
+        if self._on_health is None:
+            return
+        with self._cond:
+            answers = answers_by_port(self._health)
+        if answers == self._health_served:
+            return
+        self._health_served = answers
+        for error in self._on_health(answers):
+            log.warning(error)
 
     def _sync(
         self,

@@ -43,6 +43,8 @@ class Service:
     affinity_timeout: int | None  # ClientIP affinity timeout, None without affinity
     source_ranges: tuple[IPNetwork, ...]
     annotations: tuple[tuple[str, str], ...]
+    # spec.healthCheckNodePort (LoadBalancer + externalTrafficPolicy=Local only), else None
+    health_check_node_port: int | None = None
 
     @property
     def namespace(self) -> str:
@@ -161,7 +163,17 @@ def _parse_service(obj: Mapping[str, Any], key: str, uid: str) -> Service:
         affinity_timeout=affinity,
         source_ranges=tuple(ranges),
         annotations=tuple(sorted((meta.get("annotations") or {}).items())),
+        health_check_node_port=_health_port(spec),
     )
+
+
+def _health_port(spec: Mapping[str, Any]) -> int | None:
+    """Return spec.healthCheckNodePort when it applies (Local LoadBalancer), else None."""
+    port = spec.get("healthCheckNodePort")
+    local = spec.get("externalTrafficPolicy") == "Local" and spec.get("type") == "LoadBalancer"
+    if not local or port in (None, 0):
+        return None
+    return _port(port, "spec.healthCheckNodePort")
 
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
