@@ -97,6 +97,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         args.metrics_address or cfg.metrics_address,
         alive=loop.is_alive,
         ready=agent.ready.is_set,
+        status=agent.status_document,
     )
 
     def on_signal(signum: int, frame: object) -> None:

@@ -1,4 +1,4 @@
-"""The agent's HTTP endpoint: /metrics (Prometheus), /healthz and /readyz.
+"""The HTTP endpoint: /metrics (Prometheus), /healthz, /readyz and (agent) /status.
 
 /healthz answers 200 while the main loop is alive; /readyz answers 200 once the caches have
 synced and the first full sync is in the kernel (the DaemonSet's readiness probe), else 503.
@@ -9,7 +9,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
+import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 
@@ -23,11 +25,17 @@ class HealthServer:
     """Serves the three paths from its own thread; start with run(), stop with close()."""
 
     def __init__(
-        self, address: str, *, alive: Callable[[], bool], ready: Callable[[], bool]
+        self,
+        address: str,
+        *,
+        alive: Callable[[], bool],
+        ready: Callable[[], bool],
+        status: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self._address = parse_address(address)
         self._alive = alive
         self._ready = ready
+        self._status = status
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -38,7 +46,7 @@ class HealthServer:
         return int(self._server.server_address[1])
 
     def run(self) -> None:
-        alive, ready = self._alive, self._ready
+        alive, ready, status = self._alive, self._ready, self._status
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -50,6 +58,8 @@ class HealthServer:
                 elif self.path == "/readyz":
                     ok = ready()
                     self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
+                elif self.path == "/status" and status is not None:
+                    self._send(200, orjson.dumps(status()), "application/json")
                 else:
                     self._send(404, b"not found\n")
 

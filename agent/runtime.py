@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -37,6 +37,7 @@ from agent.kube.reflector import ListFn, Reflector
 from agent.kube.store import Change, Store
 from agent.model import DesiredState, FrontendKey, IPAddress
 from agent.policy import classify, is_ours
+from agent.report import status_document
 from agent.schedule import SyncSchedule
 from agent.services import InvalidService, Node, Service
 
@@ -86,6 +87,8 @@ class AgentStatus:
     last_sync_time: float | None = None
     last_sync_ok: bool | None = None
     last_error: str = ""
+    last_sync_duration: float = 0.0
+    last_sync_full: bool = True
     frontends: int = 0
     services: int = 0
     problems: dict[str, tuple[Problem, ...]] = field(default_factory=dict)
@@ -132,6 +135,7 @@ class Agent:
         self.ready = threading.Event()
         self._reflectors: list[Reflector[Any]] = []
         self._drift_thread: threading.Thread | None = None
+        self._last_desired: DesiredState | None = None
 
     # --- change intake (reflector threads) -------------------------------------------------
 
@@ -361,6 +365,23 @@ class Agent:
         metrics.SERVICES_HANDLED.set(len(self._results))
         return assembly.desired, set(problems), (None if everything else changed)
 
+    def status_document(self, vrrp: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        """Return what `GET /status` answers (`nodelb status`): see agent.report."""
+        st = self.status
+        return status_document(
+            node=self.cfg.node_name,
+            now=time.time(),
+            last_sync={
+                "time": st.last_sync_time,
+                "ok": st.last_sync_ok,
+                "message": st.last_error,
+                "durationSeconds": st.last_sync_duration,
+                "kind": "full" if st.last_sync_full else "partial",
+            },
+            desired=self._last_desired,
+            vrrp=vrrp,
+        )
+
     def _note_health(self, svc: Service) -> None:
         """Record the healthCheckNodePort answer of one of our Local Services (lock held)."""
         kind = classify(svc, lb_class=self.cfg.lb_class, handle_classless=self.cfg.handle_classless)
@@ -392,6 +413,7 @@ class Agent:
         now: float,
     ) -> None:
         full = full or not self.status.first_sync_done
+        started = time.monotonic()
         try:
             result = self._dataplane.sync(desired, full=full, changed=changed)
             ok = bool(getattr(result, "ok", True))
@@ -401,6 +423,8 @@ class Agent:
             log.exception("dataplane sync raised")
             ok, retry_after, error = False, 1.0, str(exc)
         self.status.last_sync_time = time.time()
+        self.status.last_sync_duration = time.monotonic() - started
+        self.status.last_sync_full = full
         self.status.last_sync_ok = ok
         self.status.last_error = error
         with self._cond:
@@ -414,6 +438,7 @@ class Agent:
                 self._retry_at = now + retry_after
                 self._all_dirty = True
         if ok:
+            self._last_desired = desired
             self.status.first_sync_done = True
             self.status.frontends = len(desired.frontends)
             self.ready.set()

@@ -143,3 +143,23 @@ def test_drift_is_checked_on_its_period_after_the_first_sync() -> None:
     agent.step()
     agent.wait_drift_check(timeout=10)
     assert dp.drift_checks == 1
+
+
+def test_the_status_document_names_the_last_sync_and_every_frontend() -> None:
+    agent, dp, _, _ = make_agent()
+    doc = agent.status_document()
+    assert doc["lastSync"]["result"] == "never" and doc["frontends"] == []
+    feed_services(agent, svc("web"))
+    agent.step()
+    doc = agent.status_document(vrrp=[{"vrid": 7}])
+    assert doc["node"] == "node-1"
+    assert doc["lastSync"]["result"] == "ok" and doc["lastSync"]["kind"] == "full"
+    assert doc["vrrp"] == [{"vrid": 7}]
+    assert [(f["ip"], f["port"], f["protocol"], f["service"]) for f in doc["frontends"]] == [
+        ("198.18.0.200", 80, "TCP", "ns/web")
+    ]
+    dp.fail = True
+    feed_services(agent, svc("web", port=81))
+    agent.step()
+    doc = agent.status_document()
+    assert doc["lastSync"]["result"] == "error" and doc["lastSync"]["message"] == "nft said no"
