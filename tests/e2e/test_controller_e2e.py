@@ -22,6 +22,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from agent.controller.reports import report_body
+from agent.kube.node_report import NodeReporter
 from agent.lab import nsclient
 from agent.lab.controllers import NAMESPACE, ControllerSet
 from agent.lab.controlplane import ControlPlane
@@ -382,6 +383,43 @@ def test_conditions_follow_the_node_reports(
     )
     assert ips_of(core, ns, "picky") == []
     coord.delete_namespaced_lease("nodelb-node-node-x", NAMESPACE)
+
+
+def test_the_agents_reporter_turns_serving_on_and_off(
+    core: client.CoreV1Api, controllers: ControllerSet, controlplane: ControlPlane
+) -> None:
+    """The agent's side (NodeReporter) against the controller: report, renew, withdraw."""
+    ns = make_ns(core, "reporter")
+    create_svc(core, ns, lb_service("web"))
+    ip = ipaddress.ip_address(wait_until(lambda: ips_of(core, ns, "web"), 30, "an address")[0])
+    coord = client.CoordinationV1Api(controlplane.api_client())
+    reporter = NodeReporter(coord, node="node-y", namespace=NAMESPACE, duration=2, renew_every=0.5)
+    stop = threading.Event()
+    thread = threading.Thread(target=reporter.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        reporter.update([ip])
+        wait_until(
+            lambda: cond_is(core, ns, "web", "LoadBalancerServing", "True/Serving"),
+            30,
+            "Serving=True from the reporter",
+        )
+        # Renewals keep it True past the 2 s lease duration.
+        first = reporter.writes
+        wait_until(lambda: reporter.writes >= first + 6, 30, "three seconds of renewals")
+        assert cond_is(core, ns, "web", "LoadBalancerServing", "True/Serving")
+        reporter.update([])
+        wait_until(
+            lambda: cond_is(core, ns, "web", "LoadBalancerServing", "False/Provisioning"),
+            30,
+            "Serving=False once the node stops serving the IP",
+        )
+    finally:
+        stop.set()
+        reporter.wake()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+    coord.delete_namespaced_lease("nodelb-node-node-y", NAMESPACE)
 
 
 def test_bad_requests_get_specific_events_and_others_keep_their_addresses(
