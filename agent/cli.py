@@ -1,4 +1,4 @@
-"""`nodelb` command line: agent, controller, render, cleanup, lab."""
+"""`nodelb` command line: agent, controller, render, status, cleanup, lab."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from kubernetes import client
 
-from agent import logs
+from agent import logs, status
 from agent.config import ConfigError, load_config
 from agent.conntrack import ToolConntrackRunner
 from agent.controller.leader import ElectionTiming
@@ -230,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, default=None)
     p.add_argument("--json", action="store_true", help="print the desired state instead")
     p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("status", help="show what the agent on this node is doing")
+    status.add_arguments(p)
+    p.set_defaults(func=status.run)
 
     p = sub.add_parser("cleanup", help="remove nodelb's nftables table")
     p.set_defaults(func=cmd_cleanup)

@@ -87,7 +87,7 @@ def status_document(
             "result": "never" if ok is None else ("ok" if ok else "error"),
             "message": str(last_sync.get("message") or ""),
             "durationSeconds": float(last_sync.get("durationSeconds") or 0.0),
-            "kind": str(last_sync.get("kind") or "full"),
+            "kind": None if ok is None else str(last_sync.get("kind") or "full"),
         },
         "vrrp": [dict(v) for v in vrrp],
         "heldIPs": sorted((str(ip) for ip in desired.held_ips) if desired else (), key=_ip_key),

@@ -27,6 +27,7 @@ from agent.lab.cluster import ClusterLab, SvcPort, tcp_port
 from agent.lab.topology import CLIENT4, CLIENT6, gateway_addresses, node_addresses
 from agent.lab.wait import wait_until
 from agent.model import IPAddress
+from agent.status import parse_status, render_table
 
 pytestmark = pytest.mark.e2e
 
@@ -240,6 +241,23 @@ def test_local_policy_preserves_the_client_source_and_stays_on_the_entry_node(
         seen = probe(cluster, ip, via="node-3", count=2, timeout=DROP_TIMEOUT)
         assert not seen.pods, f"node-3 forwarded Local traffic to {dict(seen.pods)}"
         assert {f.outcome for f in seen.failures} == {Outcome.TIMEOUT}
+
+
+def test_status_reports_frontends_with_their_endpoint_counts(
+    cluster: ClusterLab, cleanup: list[tuple[str, Sequence[str]]]
+) -> None:
+    """`GET /status` (what `nodelb status` reads) parses and names what the node programmed."""
+    serve(cluster, cleanup, "stat", ["198.18.0.204"], ["pod-1-1", "pod-2-1", "pod-2-2"])
+    code, body = cluster.agent_get("node-2", "/status")
+    assert code == 200
+    status = parse_status(json.loads(body))
+    assert status.node == "node-2"
+    assert status.last_sync.result.value == "ok"
+    mine = [f for f in status.frontends if f.service == "default/stat"]
+    assert [(str(f.ip), f.port, f.endpoints, f.local_endpoints) for f in mine] == [
+        ("198.18.0.204", 80, 3, 2)
+    ]
+    assert "default/stat" in render_table(status)
 
 
 def test_external_ips_are_served_only_when_allowed(
