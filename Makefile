@@ -54,6 +54,7 @@ kube:
 lint: venv
 	$(VENV)/bin/ruff check agent rules tests bench
 	$(VENV)/bin/ruff format --check agent rules tests bench
+	$(VENV)/bin/hadolint deploy/Containerfile
 
 typecheck: venv
 	$(VENV)/bin/mypy

@@ -1,0 +1,808 @@
+"""The deployment manifests against a real kube-apiserver (RBAC, PodSecurity, admission on).
+
+- Every object in deploy/daemonset.yaml and deploy/admission-policy.yaml is accepted by the
+  server (server-side apply, dry run, with the lab's kubectl as an operator would run it), and
+  the two pod templates pass pod admission (priority classes, Pod Security levels).
+- The RBAC objects, applied for real, give each ServiceAccount's token exactly the access
+  docs/deploy.md promises: SelfSubjectAccessReviews with the real tokens, plus real requests
+  that must succeed and real writes that must be refused with 403.
+- The ValidatingAdmissionPolicy, applied for real, refuses externalIPs outside the allowed
+  CIDRs or inside a LoadBalancer pool (naming the address), and lets admins through.
+- The real `nodelb agent` and `nodelb controller`, started with the containers' own arguments,
+  the ConfigMap's configuration and only their ServiceAccounts' tokens, do their work: the
+  agent syncs and posts Events, the controller takes the Lease and allocates from the pool.
+  So the permission table is not only what the roles say but enough for the code.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from agent.lab import binaries, netns, nsclient
+from agent.lab.controlplane import ControlPlane
+from agent.lab.topology import Lab
+from agent.lab.wait import GiveUp, wait_until
+
+pytestmark = pytest.mark.e2e
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+MANIFESTS = DEPLOY / "daemonset.yaml"
+POLICY = DEPLOY / "admission-policy.yaml"
+NS = "nodelb-system"
+APPS = "deploy-apps"  # where the tests' Services live
+REQUEST_TIMEOUT = 10.0
+POLICY_DEADLINE = 30.0  # the apiserver loads admission policies asynchronously
+RBAC_KINDS = frozenset(
+    {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+)
+SYSTEM_NODE_CRITICAL = 2000001000
+DEVELOPERS = "deploy-test:developers"
+EXTERNALIP_ADMINS = "nodelb:externalip-admins"
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    """Return the non-empty YAML documents of `path`."""
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    """Return the one document of `kind` called `name`."""
+    (doc,) = (d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+    return doc
+
+
+def api_message(exc: ApiException) -> str:
+    """Return the Status message of a refused request (the raw body if it is not JSON)."""
+    try:
+        return str(json.loads(exc.body or "")["message"])
+    except (ValueError, KeyError, TypeError):
+        return str(exc.body)
+
+
+def refused(call: Callable[[], object]) -> ApiException:
+    """Return the ApiException `call` raises; fail the test if it succeeds."""
+    try:
+        call()
+    except ApiException as exc:
+        return exc
+    raise AssertionError("the request was expected to be refused but succeeded")
+
+
+@dataclass(frozen=True, slots=True)
+class Kubectl:
+    """The lab's kubectl, run inside the control-plane namespace as the admin user."""
+
+    ns: str
+    argv: tuple[str, ...]
+
+    def __call__(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Return the finished kubectl run (never raises on a non-zero exit)."""
+        return netns.run(self.ns, [*self.argv, *args], input=stdin, check=False, timeout=60)
+
+    def apply(self, text: str) -> None:
+        """Server-side apply `text` for real; fail the test with kubectl's stderr otherwise."""
+        done = self("apply", "--server-side", "--field-manager=deploy-test", "-f", "-", stdin=text)
+        assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture(scope="module")
+def kubectl(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
+    """Return kubectl for the lab apiserver (its discovery cache in a temporary directory)."""
+    cache = tmp_path_factory.mktemp("kubectl-cache")
+    return Kubectl(
+        controlplane.ns,
+        (
+            str(binaries.binary("kubectl")),
+            f"--kubeconfig={controlplane.admin_kubeconfig()}",
+            f"--cache-dir={cache}",
+            f"--request-timeout={int(REQUEST_TIMEOUT)}s",
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+def admin(controlplane: ControlPlane) -> client.ApiClient:
+    """Return an ApiClient as the lab admin (system:masters)."""
+    return controlplane.api_client()
+
+
+@pytest.fixture(scope="module")
+def namespace(kubectl: Kubectl) -> str:
+    """Create the Namespace document of daemonset.yaml for real (namespaced objects need it)."""
+    ns_doc = find(documents(MANIFESTS), "Namespace", NS)
+    kubectl.apply(yaml.safe_dump(ns_doc))
+    return NS
+
+
+@pytest.fixture(scope="module")
+def rbac(kubectl: Kubectl, namespace: str) -> None:
+    """Apply the Namespace, ServiceAccounts, (Cluster)Roles and bindings for real."""
+    docs = [d for d in documents(MANIFESTS) if d["kind"] in RBAC_KINDS]
+    assert {d["kind"] for d in docs} == RBAC_KINDS
+    kubectl.apply(yaml.safe_dump_all(docs))
+
+
+@pytest.fixture(scope="module")
+def tokens(controlplane: ControlPlane, rbac: None) -> dict[str, client.ApiClient]:
+    """Return an ApiClient per ServiceAccount, authenticating with a real token."""
+    return {
+        sa: controlplane.api_client(controlplane.serviceaccount_kubeconfig(NS, sa))
+        for sa in ("nodelb-agent", "nodelb-controller")
+    }
+
+
+# -- (a) every object is accepted by the server ---------------------------------------------
+
+
+def test_every_object_passes_server_side_dry_run(
+    kubectl: Kubectl, namespace: str, admin: client.ApiClient
+) -> None:
+    docs = documents(MANIFESTS) + documents(POLICY)
+    expected = set()
+    for d in docs:
+        group = d["apiVersion"].rpartition("/")[0]
+        expected.add(f"{d['kind'].lower()}{'.' + group if group else ''}/{d['metadata']['name']}")
+    done = kubectl(
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "--field-manager=deploy-test",
+        "-o",
+        "name",
+        f"--filename={MANIFESTS}",
+        f"--filename={POLICY}",
+    )
+    assert done.returncode == 0, done.stderr
+    assert set(done.stdout.split()) == expected
+    # A dry run stores nothing: the workloads and the policy do not exist afterwards.
+    apps = client.AppsV1Api(admin)
+    for read in (
+        lambda: apps.read_namespaced_daemon_set("nodelb-agent", NS),
+        lambda: apps.read_namespaced_deployment("nodelb-controller", NS),
+        lambda: client.CoreV1Api(admin).read_namespaced_config_map("nodelb-config", NS),
+    ):
+        assert refused(read).status == 404
+
+
+def pod_from_template(workload: dict[str, Any], name: str) -> client.V1Pod:
+    """Return the Pod a DaemonSet or Deployment would create from its template."""
+    template = workload["spec"]["template"]
+    metadata = {**template.get("metadata", {}), "name": name}
+    pod = client.V1Pod.from_dict({"metadata": metadata, "spec": template["spec"]})
+    assert pod is not None
+    return pod
+
+
+def test_agent_pod_is_admitted_in_its_namespace_with_node_critical_priority(
+    admin: client.ApiClient, rbac: None
+) -> None:
+    agent = find(documents(MANIFESTS), "DaemonSet", "nodelb-agent")
+    pod = client.CoreV1Api(admin).create_namespaced_pod(
+        NS, pod_from_template(agent, "agent-dry-run"), dry_run="All"
+    )
+    assert pod.spec is not None
+    assert pod.spec.priority == SYSTEM_NODE_CRITICAL
+    assert pod.spec.host_network is True
+
+
+def labelled_namespace(admin: client.ApiClient, name: str, level: str) -> None:
+    """Create namespace `name` enforcing Pod Security `level`, with the controller's SA."""
+    core = client.CoreV1Api(admin)
+    labels = {"pod-security.kubernetes.io/enforce": level}
+    core.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels))
+    )
+    for sa in ("nodelb-agent", "nodelb-controller"):
+        core.create_namespaced_service_account(
+            name, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=sa))
+        )
+
+
+def test_controller_pod_meets_the_restricted_pod_security_level(admin: client.ApiClient) -> None:
+    labelled_namespace(admin, "deploy-restricted", "restricted")
+    controller = find(documents(MANIFESTS), "Deployment", "nodelb-controller")
+    pod = client.CoreV1Api(admin).create_namespaced_pod(
+        "deploy-restricted", pod_from_template(controller, "controller-dry-run"), dry_run="All"
+    )
+    assert pod.spec is not None and pod.spec.security_context is not None
+    assert pod.spec.security_context.run_as_non_root is True
+
+
+def test_agent_pod_needs_the_privileged_level_its_namespace_sets(admin: client.ApiClient) -> None:
+    labelled_namespace(admin, "deploy-baseline", "baseline")
+    agent = find(documents(MANIFESTS), "DaemonSet", "nodelb-agent")
+    exc = refused(
+        lambda: client.CoreV1Api(admin).create_namespaced_pod(
+            "deploy-baseline", pod_from_template(agent, "agent-dry-run"), dry_run="All"
+        )
+    )
+    assert exc.status == 403
+    message = api_message(exc)
+    assert "hostNetwork" in message and "NET_ADMIN" in message, message
+
+
+# -- (b) RBAC, checked with the ServiceAccounts' own tokens ----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """One request a ServiceAccount makes (or must not make), and whether RBAC allows it."""
+
+    sa: str
+    verb: str
+    resource: str
+    namespace: str = ""  # "" for cluster-scoped resources and all-namespace list/watch
+    group: str = ""
+    subresource: str = ""
+    allowed: bool = True
+
+
+AGENT, CONTROLLER = "nodelb-agent", "nodelb-controller"
+DISCOVERY, COORDINATION = "discovery.k8s.io", "coordination.k8s.io"
+
+ACCESS = [
+    # agent: what it reads, the Events it posts, its node-report Lease
+    *(Access(AGENT, v, "services") for v in ("list", "watch")),
+    *(Access(AGENT, v, "endpointslices", group=DISCOVERY) for v in ("list", "watch")),
+    *(Access(AGENT, v, "nodes") for v in ("get", "list", "watch")),
+    *(Access(AGENT, v, "events", ns) for v in ("create", "patch") for ns in ("default", "shop")),
+    *(Access(AGENT, v, "leases", NS, COORDINATION) for v in ("get", "create", "update", "patch")),
+    # agent: what it must not do
+    Access(AGENT, "update", "services", "default", subresource="status", allowed=False),
+    Access(AGENT, "patch", "services", "default", subresource="status", allowed=False),
+    Access(AGENT, "delete", "services", "default", allowed=False),
+    Access(AGENT, "create", "services", "default", allowed=False),
+    Access(AGENT, "get", "services", "default", allowed=False),
+    Access(AGENT, "create", "secrets", NS, allowed=False),
+    Access(AGENT, "get", "secrets", NS, allowed=False),
+    Access(AGENT, "list", "secrets", allowed=False),
+    Access(AGENT, "create", "pods", NS, allowed=False),
+    Access(AGENT, "update", "nodes", allowed=False),
+    Access(AGENT, "patch", "nodes", subresource="status", allowed=False),
+    Access(AGENT, "delete", "leases", NS, COORDINATION, allowed=False),
+    Access(AGENT, "list", "leases", NS, COORDINATION, allowed=False),
+    Access(AGENT, "create", "leases", "kube-system", COORDINATION, allowed=False),
+    Access(AGENT, "create", "events", "default", "events.k8s.io", allowed=False),
+    # controller: reads, status writes, Events, leader and node-report Leases
+    *(Access(CONTROLLER, v, "services") for v in ("list", "watch")),
+    *(
+        Access(CONTROLLER, v, "services", ns, subresource="status")
+        for v in ("get", "update", "patch")
+        for ns in ("default", "shop")
+    ),
+    *(Access(CONTROLLER, v, "nodes") for v in ("list", "watch")),
+    *(Access(CONTROLLER, v, "namespaces") for v in ("list", "watch")),
+    *(Access(CONTROLLER, v, "events", "shop") for v in ("create", "patch")),
+    *(
+        Access(CONTROLLER, v, "leases", NS, COORDINATION)
+        for v in ("get", "create", "update", "list", "watch")
+    ),
+    # controller: what it must not do
+    Access(CONTROLLER, "create", "pods", NS, allowed=False),
+    Access(CONTROLLER, "delete", "services", "default", allowed=False),
+    Access(CONTROLLER, "update", "services", "default", allowed=False),
+    Access(CONTROLLER, "patch", "services", "default", allowed=False),
+    Access(CONTROLLER, "create", "services", "default", allowed=False),
+    Access(CONTROLLER, "get", "secrets", NS, allowed=False),
+    Access(CONTROLLER, "update", "nodes", allowed=False),
+    Access(CONTROLLER, "delete", "leases", NS, COORDINATION, allowed=False),
+    Access(CONTROLLER, "create", "leases", "default", COORDINATION, allowed=False),
+    Access(CONTROLLER, "list", "endpointslices", group=DISCOVERY, allowed=False),
+]
+
+
+def access_id(a: Access) -> str:
+    """Return a test id such as "nodelb-agent may list services in all namespaces"."""
+    what = f"{a.resource}/{a.subresource}" if a.subresource else a.resource
+    if a.group:
+        what += f".{a.group}"
+    where = f"in {a.namespace}" if a.namespace else "cluster-wide"
+    return f"{a.sa} {'may' if a.allowed else 'may not'} {a.verb} {what} {where}"
+
+
+@pytest.mark.parametrize("access", [pytest.param(a, id=access_id(a)) for a in ACCESS])
+def test_serviceaccount_token_has_exactly_the_documented_access(
+    access: Access, tokens: dict[str, client.ApiClient]
+) -> None:
+    review = client.V1SelfSubjectAccessReview(
+        spec=client.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=client.V1ResourceAttributes(
+                verb=access.verb,
+                group=access.group,
+                resource=access.resource,
+                subresource=access.subresource,
+                namespace=access.namespace,
+            )
+        )
+    )
+    result = client.AuthorizationV1Api(tokens[access.sa]).create_self_subject_access_review(
+        review, _request_timeout=REQUEST_TIMEOUT
+    )
+    assert result.status is not None
+    assert result.status.allowed is access.allowed, result.status.reason
+
+
+def test_agent_token_lists_services_and_keeps_its_lease_but_cannot_write_secrets(
+    tokens: dict[str, client.ApiClient],
+) -> None:
+    agent = tokens[AGENT]
+    services = client.CoreV1Api(agent).list_service_for_all_namespaces(
+        _request_timeout=REQUEST_TIMEOUT
+    )
+    assert any(s.metadata is not None and s.metadata.name == "kubernetes" for s in services.items)
+    lease = client.V1Lease(
+        metadata=client.V1ObjectMeta(name="nodelb-node-node-1"),
+        spec=client.V1LeaseSpec(holder_identity="node-1", lease_duration_seconds=15),
+    )
+    coordination = client.CoordinationV1Api(agent)
+    coordination.create_namespaced_lease(NS, lease, _request_timeout=REQUEST_TIMEOUT)
+    coordination.patch_namespaced_lease(
+        "nodelb-node-node-1",
+        NS,
+        {"spec": {"leaseDurationSeconds": 30}},
+        _content_type="application/merge-patch+json",
+        _request_timeout=REQUEST_TIMEOUT,
+    )
+    secret = client.V1Secret(metadata=client.V1ObjectMeta(name="stolen"), string_data={"k": "v"})
+    exc = refused(
+        lambda: client.CoreV1Api(agent).create_namespaced_secret(
+            NS, secret, _request_timeout=REQUEST_TIMEOUT
+        )
+    )
+    assert exc.status == 403
+    assert "system:serviceaccount:nodelb-system:nodelb-agent" in api_message(exc)
+
+
+def test_controller_token_writes_service_status_but_not_the_service(
+    tokens: dict[str, client.ApiClient], admin: client.ApiClient
+) -> None:
+    core = client.CoreV1Api(admin)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="deploy-rbac")))
+    core.create_namespaced_service(
+        "deploy-rbac",
+        client.V1Service(
+            metadata=client.V1ObjectMeta(name="web"),
+            spec=client.V1ServiceSpec(type="LoadBalancer", ports=[client.V1ServicePort(port=80)]),
+        ),
+        _request_timeout=REQUEST_TIMEOUT,
+    )
+    controller = client.CoreV1Api(tokens[CONTROLLER])
+    controller.patch_namespaced_service_status(
+        "web",
+        "deploy-rbac",
+        {"status": {"loadBalancer": {"ingress": [{"ip": "198.18.72.1"}]}}},
+        _content_type="application/merge-patch+json",
+        _request_timeout=REQUEST_TIMEOUT,
+    )
+    stored = core.read_namespaced_service("web", "deploy-rbac", _request_timeout=REQUEST_TIMEOUT)
+    assert stored.status is not None and stored.status.load_balancer is not None
+    assert [i.ip for i in stored.status.load_balancer.ingress or []] == ["198.18.72.1"]
+    exc = refused(
+        lambda: controller.patch_namespaced_service(
+            "web",
+            "deploy-rbac",
+            {"metadata": {"labels": {"owned": "yes"}}},
+            _content_type="application/merge-patch+json",
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+    )
+    assert exc.status == 403
+
+
+# -- (c) the externalIP admission policy -----------------------------------------------------
+
+
+def impersonating(controlplane: ControlPlane, user: str, group: str) -> client.CoreV1Api:
+    """Return a CoreV1Api acting as `user` in `group` (the admin impersonates them)."""
+    api = controlplane.api_client()
+    api.default_headers["Impersonate-User"] = user
+    api.default_headers["Impersonate-Group"] = group
+    return client.CoreV1Api(api)
+
+
+def service(name: str, external_ips: list[str], **spec: Any) -> client.V1Service:
+    """Return a ClusterIP Service on port 80 asking for `external_ips`."""
+    return client.V1Service(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1ServiceSpec(
+            ports=[client.V1ServicePort(port=80)], external_ips=external_ips or None, **spec
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Users:
+    """Clients for the three kinds of callers the policy tells apart."""
+
+    developer: client.CoreV1Api  # plain user with RBAC to write Services
+    ip_admin: client.CoreV1Api  # member of nodelb:externalip-admins
+    master: client.CoreV1Api  # system:masters
+
+
+@pytest.fixture(scope="module")
+def users(controlplane: ControlPlane, kubectl: Kubectl, admin: client.ApiClient) -> Users:
+    """Apply the policy for real, grant two groups Service writes in APPS, and wait until the
+    apiserver enforces the policy (it loads policies asynchronously)."""
+    kubectl.apply(POLICY.read_text())
+    core = client.CoreV1Api(admin)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=APPS)))
+    rbac_api = client.RbacAuthorizationV1Api(admin)
+    rbac_api.create_namespaced_role(
+        APPS,
+        client.V1Role(
+            metadata=client.V1ObjectMeta(name="service-writer"),
+            rules=[
+                client.V1PolicyRule(
+                    api_groups=[""],
+                    resources=["services"],
+                    verbs=["get", "create", "update", "patch"],
+                )
+            ],
+        ),
+    )
+    rbac_api.create_namespaced_role_binding(
+        APPS,
+        client.V1RoleBinding(
+            metadata=client.V1ObjectMeta(name="service-writers"),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="Role", name="service-writer"
+            ),
+            subjects=[
+                client.RbacV1Subject(kind="Group", name=g, api_group="rbac.authorization.k8s.io")
+                for g in (DEVELOPERS, EXTERNALIP_ADMINS)
+            ],
+        ),
+    )
+    found = Users(
+        developer=impersonating(controlplane, "alice", DEVELOPERS),
+        ip_admin=impersonating(controlplane, "bob", EXTERNALIP_ADMINS),
+        master=core,
+    )
+
+    def enforced() -> bool:
+        try:
+            found.developer.create_namespaced_service(
+                APPS, service("probe", ["198.18.80.1"]), dry_run="All"
+            )
+        except ApiException as exc:
+            return exc.status == 403 and "nodelb-externalips" in api_message(exc)
+        return False
+
+    wait_until(enforced, POLICY_DEADLINE, "the nodelb-externalips policy to be enforced")
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """A Service create and the policy's expected answer."""
+
+    name: str
+    who: str  # a Users field
+    external_ips: tuple[str, ...]
+    refused_ips: tuple[str, ...] = ()  # must be named in the message
+    accepted_ips: tuple[str, ...] = ()  # listed, but must not be named
+    message: str = ""  # a phrase of the refusal message
+
+
+OUTSIDE = "outside the CIDRs allowed for external IPs"
+IN_POOL = "to a nodelb LoadBalancer pool"
+CREATES = [
+    pytest.param(
+        Create("svc-1", "developer", ("198.18.64.10",)), id="an allowed IPv4 address passes"
+    ),
+    pytest.param(
+        Create("svc-2", "developer", ("2001:db8:64::10",)), id="an allowed IPv6 address passes"
+    ),
+    pytest.param(
+        Create("svc-3", "developer", ("198.18.80.1",), ("198.18.80.1",), message=OUTSIDE),
+        id="an IPv4 address outside the allowed CIDRs is refused by name",
+    ),
+    pytest.param(
+        Create("svc-4", "developer", ("2001:db8:65::1",), ("2001:db8:65::1",), message=OUTSIDE),
+        id="an IPv6 address outside the allowed CIDRs is refused by name",
+    ),
+    pytest.param(
+        Create("svc-5", "developer", ("198.18.72.10",), ("198.18.72.10",), message=IN_POOL),
+        id="an allowed address inside the LoadBalancer pool is refused by name",
+    ),
+    pytest.param(
+        Create(
+            "svc-6", "developer", ("2001:db8:64:72::10",), ("2001:db8:64:72::10",), message=IN_POOL
+        ),
+        id="an IPv6 pool address is refused by name",
+    ),
+    pytest.param(
+        Create(
+            "svc-mixed",
+            "developer",
+            ("198.18.64.11", "198.18.80.2", "198.18.80.3"),
+            ("198.18.80.2", "198.18.80.3"),
+            ("198.18.64.11",),
+            message=OUTSIDE,
+        ),
+        id="a mixed list is refused naming only the offending addresses",
+    ),
+    pytest.param(
+        Create("svc-7", "ip_admin", ("198.18.80.4", "198.18.72.11")),
+        id="a nodelb:externalip-admins member may set any address",
+    ),
+    pytest.param(
+        Create("svc-8", "master", ("198.18.80.5", "198.18.72.12")),
+        id="a system:masters member may set any address",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CREATES)
+def test_admission_policy_on_create(case: Create, users: Users) -> None:
+    api: client.CoreV1Api = getattr(users, case.who)
+    name = case.name
+    body = service(name, list(case.external_ips))
+    if not case.refused_ips:
+        api.create_namespaced_service(APPS, body, _request_timeout=REQUEST_TIMEOUT)
+        stored = users.master.read_namespaced_service(name, APPS)
+        assert stored.spec is not None
+        assert stored.spec.external_ips == list(case.external_ips)
+        return
+    exc = refused(
+        lambda: api.create_namespaced_service(APPS, body, _request_timeout=REQUEST_TIMEOUT)
+    )
+    message = api_message(exc)
+    assert exc.status == 403, message
+    assert "ValidatingAdmissionPolicy 'nodelb-externalips'" in message
+    assert case.message in message
+    for ip in case.refused_ips:
+        assert ip in message
+    for ip in case.accepted_ips:
+        assert ip not in message
+    assert refused(lambda: users.master.read_namespaced_service(name, APPS)).status == 404
+
+
+def merge_patch(api: client.CoreV1Api, name: str, patch: dict[str, Any]) -> None:
+    """Merge-patch Service `name` in APPS."""
+    api.patch_namespaced_service(
+        name,
+        APPS,
+        patch,
+        _content_type="application/merge-patch+json",
+        _request_timeout=REQUEST_TIMEOUT,
+    )
+
+
+def test_admission_policy_judges_only_addresses_an_update_adds(users: Users) -> None:
+    # An admin-made Service with a refused address stays editable by others...
+    users.master.create_namespaced_service(APPS, service("legacy", ["198.18.80.20"]))
+    merge_patch(users.developer, "legacy", {"metadata": {"labels": {"team": "shop"}}})
+    merge_patch(
+        users.developer, "legacy", {"spec": {"externalIPs": ["198.18.80.20", "198.18.64.20"]}}
+    )
+    # ...but nobody without the group may add another refused address to it.
+    exc = refused(
+        lambda: merge_patch(
+            users.developer, "legacy", {"spec": {"externalIPs": ["198.18.80.20", "198.18.80.21"]}}
+        )
+    )
+    message = api_message(exc)
+    assert exc.status == 403 and OUTSIDE in message
+    assert "198.18.80.21" in message and "198.18.80.20" not in message
+    stored = users.master.read_namespaced_service("legacy", APPS)
+    assert stored.spec is not None
+    assert stored.spec.external_ips == ["198.18.80.20", "198.18.64.20"]
+
+
+def test_admission_policy_lets_a_service_list_its_own_loadbalancer_ip(users: Users) -> None:
+    lb = service("holder", [], type="LoadBalancer")
+    users.master.create_namespaced_service(APPS, lb)
+    users.master.patch_namespaced_service_status(
+        "holder",
+        APPS,
+        {"status": {"loadBalancer": {"ingress": [{"ip": "198.18.72.30"}]}}},
+        _content_type="application/merge-patch+json",
+    )
+    users.master.create_namespaced_service(APPS, service("other", ["198.18.64.30"]))
+    # The Service holding the pool address may list it as an externalIP...
+    merge_patch(users.developer, "holder", {"spec": {"externalIPs": ["198.18.72.30"]}})
+    # ...another Service may not.
+    exc = refused(
+        lambda: merge_patch(
+            users.developer, "other", {"spec": {"externalIPs": ["198.18.64.30", "198.18.72.30"]}}
+        )
+    )
+    message = api_message(exc)
+    assert exc.status == 403 and IN_POOL in message and "198.18.72.30" in message
+
+
+def test_admission_policy_ignores_services_without_external_ips(users: Users) -> None:
+    users.developer.create_namespaced_service(APPS, service("plain", [], type="LoadBalancer"))
+    stored = users.master.read_namespaced_service("plain", APPS)
+    assert stored.spec is not None and stored.spec.type == "LoadBalancer"
+
+
+# -- (d) the real programs, with these tokens, arguments and configuration -------------------
+
+
+RUN_NS = "deploy-run"
+START_DEADLINE = 60.0
+WORK_DEADLINE = 30.0
+_REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """`nodelb agent` and `nodelb controller` started from the manifests' own arguments."""
+
+    agent: subprocess.Popen[bytes]
+    controller: subprocess.Popen[bytes]
+    agent_ns: str
+    controller_ns: str
+
+
+def manifest_argv(kind: str, name: str, *, config: Path, kubeconfig: Path) -> list[str]:
+    """Return the container's command line as the kubelet would run it, pointed at the lab.
+
+    The image's entrypoint `nodelb` is `python -m agent.cli`; `$(POD_NAMESPACE)` is expanded
+    as the kubelet does; the ConfigMap mount is replaced by a file holding the same text; and
+    the in-cluster credentials by a kubeconfig carrying the ServiceAccount's token.
+    """
+    (c,) = find(documents(MANIFESTS), kind, name)["spec"]["template"]["spec"]["containers"]
+    args = [a.replace("$(POD_NAMESPACE)", NS) for a in c["args"]]
+    args = [f"--config={config}" if a.startswith("--config=") else a for a in args]
+    return [sys.executable, "-m", "agent.cli", *args, f"--kubeconfig={kubeconfig}"]
+
+
+def http_status(ns: str, url: str) -> int:
+    """Return the status of a GET on `url`, dialled inside namespace `ns`."""
+    with nsclient.pool_manager(ns) as pm:
+        return pm.request("GET", url, timeout=2.0, retries=False).status
+
+
+def wait_ready(lab: Lab, proc: subprocess.Popen[bytes], ns: str, url: str, what: str) -> None:
+    """Wait until `url` answers 200; fail at once, with the log, if the process exits."""
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise GiveUp(f"{what} exited {proc.returncode}:\n{lab.log_of(proc)[-3000:]}")
+        return http_status(ns, url) == 200
+
+    wait_until(ready, START_DEADLINE, f"{what} to answer {url}")
+
+
+@pytest.fixture(scope="module")
+def running(
+    cp_lab: Lab,
+    controlplane: ControlPlane,
+    rbac: None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Running]:
+    """Start the agent on node-1 and one controller replica next to the apiserver, each with
+    its ServiceAccount's token and the ConfigMap's configuration; stopped by PID after."""
+    workdir = tmp_path_factory.mktemp("deploy-run")
+    config = workdir / "config.yaml"
+    config.write_text(
+        find(documents(MANIFESTS), "ConfigMap", "nodelb-config")["data"]["config.yaml"]
+    )
+    env = {**os.environ, "PYTHONPATH": str(_REPO), "POD_NAMESPACE": NS}
+    node = cp_lab.node("node-1")
+    assert cp_lab.controlplane is not None
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        agent = cp_lab.spawn(
+            node.ns,
+            manifest_argv(
+                "DaemonSet",
+                AGENT,
+                config=config,
+                kubeconfig=controlplane.serviceaccount_kubeconfig(NS, AGENT),
+            ),
+            log_name="deploy-agent",
+            env={**env, "NODE_NAME": node.name, "POD_NAME": "nodelb-agent-x1"},
+        )
+        started.append(agent)
+        controller = cp_lab.spawn(
+            cp_lab.controlplane.ns,
+            manifest_argv(
+                "Deployment",
+                CONTROLLER,
+                config=config,
+                kubeconfig=controlplane.serviceaccount_kubeconfig(NS, CONTROLLER),
+            ),
+            log_name="deploy-controller",
+            env={**env, "POD_NAME": "nodelb-controller-0"},
+        )
+        started.append(controller)
+        wait_ready(cp_lab, agent, node.ns, "http://127.0.0.1:9472/readyz", "nodelb agent")
+        wait_ready(
+            cp_lab,
+            controller,
+            cp_lab.controlplane.ns,
+            "http://127.0.0.1:9473/readyz",
+            "nodelb controller",
+        )
+        client.CoreV1Api(controlplane.api_client()).create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=RUN_NS))
+        )
+        yield Running(agent, controller, node.ns, cp_lab.controlplane.ns)
+    finally:
+        for proc in started:
+            cp_lab.stop(proc)
+
+
+def events_from(admin: client.ApiClient, component: str, name: str) -> list[client.CoreV1Event]:
+    """Return the Events in RUN_NS about object `name` that `component` reported."""
+    events = client.CoreV1Api(admin).list_namespaced_event(RUN_NS, _request_timeout=REQUEST_TIMEOUT)
+    return [
+        e
+        for e in events.items
+        if e.involved_object.name == name and e.reporting_component == component
+    ]
+
+
+def no_forbidden(lab: Lab, proc: subprocess.Popen[bytes]) -> None:
+    """Assert the process never logged a refused API request."""
+    log = lab.log_of(proc)
+    assert "Forbidden" not in log and " 403" not in log, log[-3000:]
+
+
+def test_controller_leads_and_allocates_from_the_shipped_pool_with_its_token(
+    running: Running, admin: client.ApiClient, cp_lab: Lab
+) -> None:
+    coordination = client.CoordinationV1Api(admin)
+
+    def holder() -> str | None:
+        lease = coordination.read_namespaced_lease("nodelb-controller", NS)
+        return lease.spec.holder_identity if lease.spec else None
+
+    assert wait_until(holder, WORK_DEADLINE, "a controller Lease holder") == "nodelb-controller-0"
+    core = client.CoreV1Api(admin)
+    core.create_namespaced_service(
+        RUN_NS, service("web", [], type="LoadBalancer"), _request_timeout=REQUEST_TIMEOUT
+    )
+
+    def ingress() -> list[str]:
+        svc = core.read_namespaced_service("web", RUN_NS, _request_timeout=REQUEST_TIMEOUT)
+        lb = svc.status.load_balancer if svc.status else None
+        return [i.ip for i in (lb.ingress if lb else None) or [] if i.ip]
+
+    (ip,) = wait_until(ingress, WORK_DEADLINE, "an ingress IP on Service web")
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network("198.18.72.0/24")
+    wait_until(
+        lambda: events_from(admin, "nodelb-controller", "web"),
+        WORK_DEADLINE,
+        "an Event from nodelb-controller about web",
+    )
+    no_forbidden(cp_lab, running.controller)
+
+
+def test_agent_syncs_and_posts_events_with_its_token(
+    running: Running, admin: client.ApiClient, cp_lab: Lab
+) -> None:
+    # The admin is exempt from the admission policy, so the agent is the one to refuse it.
+    client.CoreV1Api(admin).create_namespaced_service(
+        RUN_NS, service("stray", ["198.18.80.9"]), _request_timeout=REQUEST_TIMEOUT
+    )
+    (event, *_) = wait_until(
+        lambda: [
+            e
+            for e in events_from(admin, "nodelb-agent", "stray")
+            if e.reason == "ExternalIPRefused"
+        ],
+        WORK_DEADLINE,
+        "an ExternalIPRefused Event from nodelb-agent",
+    )
+    assert event.type == "Warning"
+    assert "198.18.80.9" in (event.message or "")
+    assert http_status(running.agent_ns, "http://127.0.0.1:9472/readyz") == 200
+    no_forbidden(cp_lab, running.agent)
