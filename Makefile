@@ -3,6 +3,7 @@
 # every set-up step is idempotent and quick when already done.
 SHELL := /bin/bash
 include versions.env
+include versions-promtool.env
 
 PYTHON ?= python3
 VENV := .venv
@@ -12,11 +13,12 @@ KUBE_BIN := $(CACHE)/k8s/$(KUBE_VERSION)
 ETCD_BIN := $(CACHE)/etcd/$(ETCD_VERSION)
 export NODELB_KUBE_BIN := $(KUBE_BIN)
 export NODELB_ETCD_BIN := $(ETCD_BIN)
+export PROMTOOL := $(CACHE)/promtool/$(PROMTOOL_VERSION)/promtool
 
 APT_PACKAGES := nftables libnftables1 python3-nftables iproute2 keepalived conntrack tcpdump \
 	socat iputils-ping arping ndisc6 openssl shellcheck procps
 
-.PHONY: test demo setup deps venv kube lint typecheck unit kernel e2e bench clean
+.PHONY: test demo setup deps venv kube promtool lint typecheck unit kernel e2e bench clean
 
 test: setup lint typecheck
 	$(VPY) -m pytest tests
@@ -25,7 +27,7 @@ demo: setup
 	@# builds the persistent lab (replacing a previous one) and leaves it up: `nodelb lab down`
 	$(VENV)/bin/nodelb lab demo
 
-setup: deps venv kube
+setup: deps venv kube promtool
 
 # Debian packages: install only when one is missing, so a warm run does no apt work.
 deps:
@@ -34,6 +36,12 @@ deps:
 	  echo "installing Debian packages:" $$missing; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
+	@# vagrant (brings ruby) for tests/unit/test_vagrant.py, without its recommends
+	@# (vagrant-libvirt, qemu, libvirt: ~400 packages); the test validates with --ignore-provider.
+	@dpkg-query -W -f='$${Status}\n' vagrant 2>/dev/null | grep -q '^install ok installed' || { \
+	  echo "installing Debian packages: vagrant (no recommends)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends vagrant; }
 
 venv: $(VENV)/.stamp
 
@@ -51,6 +59,9 @@ $(VENV)/.stamp: pyproject.toml
 kube:
 	./scripts/build-kube.sh >/dev/null
 
+promtool:
+	./scripts/build-promtool.sh >/dev/null
+
 lint: venv
 	$(VENV)/bin/ruff check agent rules tests bench
 	$(VENV)/bin/ruff format --check agent rules tests bench
@@ -59,7 +70,7 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-unit: venv
+unit: venv promtool
 	$(VPY) -m pytest tests/unit
 
 kernel: setup
