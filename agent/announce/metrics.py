@@ -1,0 +1,117 @@
+"""Prometheus metrics of the announcer, fed from the speaker's status snapshots.
+
+The speaker child keeps totals; the agent polls `SpeakerProcess.status()` and calls
+`SpeakerMetrics.update(status)`, which sets the gauges and advances each counter by what the
+totals grew since the last snapshot. A restarted child starts from zero again: a total that
+went down counts from zero, so counters never go backwards.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+
+from agent.announce.process import Status
+
+STATES = ("Initialize", "Backup", "Master")
+
+
+class SpeakerMetrics:
+    """The nodelb_vrrp_* / nodelb_gratuitous_* / nodelb_held_addresses metrics on a registry."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.state = Gauge(
+            "nodelb_vrrp_state",
+            "1 for the VRRP instance's current state, 0 for the others.",
+            ["vrid", "family", "state"],
+            registry=registry,
+        )
+        self.priority = Gauge(
+            "nodelb_vrrp_priority",
+            "This node's VRRP priority for the instance.",
+            ["vrid", "family"],
+            registry=registry,
+        )
+        self.adverts_sent = Counter(
+            "nodelb_vrrp_adverts_sent",
+            "VRRP advertisements sent.",
+            ["vrid", "family"],
+            registry=registry,
+        )
+        self.adverts_received = Counter(
+            "nodelb_vrrp_adverts_received",
+            "VRRP advertisements accepted (every check passed).",
+            ["vrid", "family"],
+            registry=registry,
+        )
+        self.adverts_dropped = Counter(
+            "nodelb_vrrp_adverts_dropped",
+            "Protocol-112 packets dropped, by reason (ttl, unknown_source, unknown_vrid,"
+            " malformed, or the codec's reason such as bad_checksum).",
+            ["family", "reason"],
+            registry=registry,
+        )
+        self.transitions = Counter(
+            "nodelb_vrrp_transitions",
+            "VRRP state changes, by the state entered.",
+            ["vrid", "family", "to"],
+            registry=registry,
+        )
+        self.takeovers = Counter(
+            "nodelb_vrrp_takeovers",
+            "Times this node became Master of the instance.",
+            ["vrid", "family"],
+            registry=registry,
+        )
+        self.gratuitous_sent = Counter(
+            "nodelb_gratuitous_sent",
+            "Gratuitous ARPs (request / reply) and unsolicited NAs sent.",
+            ["family", "kind"],
+            registry=registry,
+        )
+        self.held = Gauge(
+            "nodelb_held_addresses",
+            "Addresses this node holds on its interface (marked as nodelb's).",
+            ["family"],
+            registry=registry,
+        )
+        self._last: dict[tuple[int, tuple[str, ...]], int] = {}
+        self._instances: set[tuple[str, str]] = set()
+        self._pid: int | None = None
+
+    def _advance(self, counter: Counter, labels: tuple[str, ...], total: int) -> None:
+        key = (id(counter), labels)
+        previous = self._last.get(key, 0)
+        grown = total - previous if total >= previous else total
+        if grown:
+            counter.labels(*labels).inc(grown)
+        else:
+            counter.labels(*labels)  # make the series visible at 0
+        self._last[key] = total
+
+    def update(self, status: Status) -> None:
+        """Bring every metric up to `status` (a snapshot from SpeakerProcess.status())."""
+        if status.pid != self._pid:  # a new child: its totals start from zero
+            self._last.clear()
+            self._pid = status.pid
+        current = {(str(i.vrid), str(i.family)) for i in status.instances}
+        for vrid, family in self._instances - current:  # removed instances: no stale state
+            for s in STATES:
+                self.state.remove(vrid, family, s)
+            self.priority.remove(vrid, family)
+        self._instances = current
+        for i in status.instances:
+            vrid, family = str(i.vrid), str(i.family)
+            for s in STATES:
+                self.state.labels(vrid, family, s).set(1 if s == i.state else 0)
+            self.priority.labels(vrid, family).set(i.priority)
+            self._advance(self.adverts_sent, (vrid, family), i.adverts_sent)
+            self._advance(self.adverts_received, (vrid, family), i.adverts_received)
+            self._advance(self.takeovers, (vrid, family), i.takeovers)
+            for to, count in i.transitions:
+                self._advance(self.transitions, (vrid, family, to), count)
+        for (family_n, reason), count in status.dropped:
+            self._advance(self.adverts_dropped, (str(family_n), reason), count)
+        for (family_n, kind), count in status.gratuitous:
+            self._advance(self.gratuitous_sent, (str(family_n), kind), count)
+        for f in (4, 6):
+            self.held.labels(str(f)).set(sum(1 for a in status.held if a.version == f))

@@ -1,0 +1,327 @@
+"""Benchmark VIP failover as a client sees it: nodelb's VRRP speaker vs keepalived, same timers.
+
+Lab: two nodes and a client on one segment. Each node runs a TCP server (agent.lab.servers,
+port 8080) that answers with its node name, and either a nodelb speaker or keepalived 2.2.x
+holding 198.18.0.230/32 on VRID 61: node-1 at priority 150, node-2 at 100, VRRPv3, advert
+interval 10 cs, preempt on, three gratuitous ARPs on takeover (keepalived:
+`vrrp_garp_master_repeat 3`; nodelb: count 3, spacing 0). The client runs a request loop
+(one TCP connection every 5 ms, 50 ms timeout, each result stamped with CLOCK_MONOTONIC).
+
+Per repetition, with node-1 holding the VIP:
+- crash: node-1's segment link goes down (the node is gone) and its speaker / keepalived is
+  SIGKILLed (no priority-0 advert), so node-2 takes over after Master_Down_Interval;
+- graceful: the speaker is stopped gracefully / keepalived gets SIGTERM (priority 0), so node-2
+  takes over after Skew_Time.
+The outage is the longest time between two consecutive successful replies around the event,
+minus the 5 ms loop period, and the number of requests that failed in between ("lost").
+Then node-1 is restored (link up, stale VIP removed, daemon restarted) and takes the VIP back
+by preemption before the next run. The event comes at a random phase of the advert interval
+(a seeded random wait of 200 ms plus 0-1 interval once node-1 answers): without it every run
+would hit the same phase, just after node-1's first adverts, and bias the crash figures.
+
+Prints a table (p50 and max per implementation and scenario, and nodelb / keepalived ratios),
+then as its last line one JSON object with every figure.
+
+    .venv/bin/python -m bench.failover [--reps 10] [--workdir DIR (keep logs)]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import itertools
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.announce.config import GratuitousConfig, InstanceConfig
+from agent.announce.process import SpeakerProcess
+from agent.lab import netns
+from agent.lab.topology import Lab, LabSpec, Node
+from agent.lab.vrrp_lab import holds, speaker_config, start_speaker
+from agent.lab.wait import GiveUp, wait_until
+from bench.measure import percentile
+
+KEEPALIVED = "/usr/sbin/keepalived"
+VIP = ipaddress.IPv4Address("198.18.0.230")
+VRID = 61
+INTERVAL_CS = 10
+PRIORITIES = (150, 100)
+PORT = 8080
+PERIOD = 0.005
+REQUEST_TIMEOUT = 0.05
+TIMEOUT = 30.0
+
+KEEPALIVED_CONFIG = """\
+global_defs {{
+    router_id {name}
+    vrrp_version 3
+    vrrp_garp_master_repeat 3
+    vrrp_garp_master_refresh 0
+}}
+vrrp_instance VI_4 {{
+    state BACKUP
+    interface eth0
+    virtual_router_id {vrid}
+    priority {priority}
+    advert_int {advert_int}
+    virtual_ipaddress {{
+        {vip}/32 dev eth0
+    }}
+}}
+"""
+
+CLIENT_LOOP = """
+import json, socket, sys, time
+vip, port, period, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+print(json.dumps({"ready": True}), flush=True)
+while True:
+    t = time.monotonic()
+    node = None
+    try:
+        with socket.create_connection((vip, port), timeout=limit) as s:
+            s.settimeout(limit)
+            node = s.recv(200).decode().split()[0]
+    except OSError:
+        pass
+    print(json.dumps({"t": t, "node": node}), flush=True)
+    left = period - (time.monotonic() - t)
+    if left > 0:
+        time.sleep(left)
+"""
+
+
+class Daemon:
+    """One VRRP implementation on one node: start, crash, graceful stop."""
+
+    def __init__(self, lab: Lab, node: Node, priority: int, impl: str, run: int) -> None:
+        self.lab, self.node, self.priority, self.impl, self.run = lab, node, priority, impl, run
+        self.speaker: SpeakerProcess | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.vrrp_pidfile: Path | None = None
+
+    def start(self) -> None:
+        name = f"{self.impl}-{self.node.name}-{self.run}"
+        if self.impl == "nodelb":
+            inst = InstanceConfig(
+                vrid=VRID,
+                family=4,
+                priority=self.priority,
+                advert_interval_cs=INTERVAL_CS,
+                addresses=(VIP,),
+            )
+            burst = GratuitousConfig(count=3, spacing_ms=0, arp_reply=False)
+            config = speaker_config(self.lab, self.node, [inst], gratuitous=burst)
+            self.speaker = start_speaker(self.lab, self.node, config, name=name, rt_priority=10)
+            return
+        d = self.lab.workdir / name
+        d.mkdir(parents=True)
+        conf = d / "keepalived.conf"
+        conf.write_text(
+            KEEPALIVED_CONFIG.format(
+                name=self.node.name,
+                vrid=VRID,
+                priority=self.priority,
+                advert_int=INTERVAL_CS / 100,
+                vip=VIP,
+            )
+        )
+        self.vrrp_pidfile = d / "vrrp.pid"
+        argv = [
+            KEEPALIVED, "--dont-fork", "--log-console", "--no-syslog", "--vrrp",
+            "--dont-respawn", "-f", str(conf), "-p", str(d / "keepalived.pid"),
+            "-r", str(self.vrrp_pidfile), "-c", str(d / "checkers.pid"), "-b", str(d / "bfd.pid"),
+        ]  # fmt: skip
+        self.proc = self.lab.spawn(self.node.ns, argv, log_name=name)
+        wait_until(lambda: self._vrrp_pid() > 0, TIMEOUT, f"keepalived on {self.node.name}")
+
+    def _vrrp_pid(self) -> int:
+        assert self.vrrp_pidfile is not None
+        return int(self.vrrp_pidfile.read_text().split()[0])
+
+    def crash(self) -> None:
+        """SIGKILL the daemon: no resignation, the VIP stays configured."""
+        if self.speaker is not None:
+            assert self.speaker.pid is not None
+            os.kill(self.speaker.pid, signal.SIGKILL)
+            self.speaker.stop(graceful=False)
+        elif self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._vrrp_pid(), signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGKILL)
+            self.lab.stop(self.proc)
+
+    def graceful(self) -> None:
+        """Stop the daemon the way an operator would: it resigns with priority 0."""
+        if self.speaker is not None:
+            self.speaker.stop(graceful=True)
+        elif self.proc is not None:
+            self.lab.stop(self.proc)  # SIGTERM by PID
+
+    def close(self) -> None:
+        if self.speaker is not None:
+            self.speaker.stop(graceful=False)
+        elif self.proc is not None:
+            self.lab.stop(self.proc)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    impl: str
+    scenario: str
+    outage_ms: float
+    lost: int
+
+
+def replies(lab: Lab, loop: subprocess.Popen[bytes]) -> list[tuple[float, str | None]]:
+    out = []
+    for line in lab.log_of(loop).splitlines():
+        with contextlib.suppress(ValueError):
+            raw = json.loads(line)
+            if "t" in raw:
+                out.append((float(raw["t"]), raw["node"]))
+    return out
+
+
+def answering(lab: Lab, loop: subprocess.Popen[bytes], node: str, since: float, n: int) -> bool:
+    """Return True when the last `n` requests after `since` were all answered by `node`."""
+    got = [who for t, who in replies(lab, loop) if t > since]
+    return len(got) >= n and all(who == node for who in got[-n:])
+
+
+def outage(
+    lab: Lab, loop: subprocess.Popen[bytes], event: float, until: float
+) -> tuple[float, int]:
+    """Return (outage in ms, failed requests) between `event` and `until`."""
+    window = [(t, who) for t, who in replies(lab, loop) if event - 1.0 <= t <= until]
+    lost = sum(1 for t, who in window if who is None and t >= event)
+    ok = [t for t, who in window if who is not None]
+    after = [t for t in ok if t > event]
+    if not after:
+        raise GiveUp("no successful reply after the event")
+    gaps = [b - a for a, b in itertools.pairwise(ok) if b > event]
+    return max(0.0, (max(gaps) - PERIOD) * 1000), lost
+
+
+def run_impl(lab: Lab, loop: subprocess.Popen[bytes], impl: str, reps: int) -> list[Sample]:
+    n1, n2 = lab.nodes
+    samples: list[Sample] = []
+    rng = random.Random(61)
+    run = 0
+    first = Daemon(lab, n1, PRIORITIES[0], impl, run)
+    second = Daemon(lab, n2, PRIORITIES[1], impl, run)
+    first.start()
+    second.start()
+    try:
+        for scenario in ("crash", "graceful"):
+            for _ in range(reps):
+                since = time.monotonic()
+                wait_until(lambda s=since: answering(lab, loop, n1.name, s, 5), TIMEOUT, "node-1")  # type: ignore[misc]
+                time.sleep(0.2 + rng.uniform(0, INTERVAL_CS / 100))  # phase, see above
+                event = time.monotonic()
+                if scenario == "crash":
+                    netns.run(n1.ns, ["ip", "link", "set", n1.ifname, "down"])
+                    first.crash()
+                else:
+                    first.graceful()
+                wait_until(lambda e=event: answering(lab, loop, n2.name, e, 5), TIMEOUT, "node-2")  # type: ignore[misc]
+                ms, lost = outage(lab, loop, event, time.monotonic())
+                samples.append(Sample(impl, scenario, ms, lost))
+                # Restore node-1 and let it preempt the VIP back.
+                if holds(n1, VIP):
+                    netns.run(n1.ns, ["ip", "addr", "del", f"{VIP}/32", "dev", n1.ifname])
+                netns.run(n1.ns, ["ip", "link", "set", n1.ifname, "up"])
+                run += 1
+                first = Daemon(lab, n1, PRIORITIES[0], impl, run)
+                first.start()
+    finally:
+        first.close()
+        second.close()
+    return samples
+
+
+def table(samples: list[Sample]) -> tuple[str, dict[str, Any]]:
+    figures: dict[str, Any] = {}
+    lines = [
+        f"{'impl':<11}{'scenario':<10}{'n':>4}{'p50 ms':>10}{'max ms':>10}{'lost p50':>10}"
+        f"{'lost max':>10}"
+    ]
+    for impl in ("nodelb", "keepalived"):
+        for scenario in ("crash", "graceful"):
+            mine = [s for s in samples if (s.impl, s.scenario) == (impl, scenario)]
+            values = [s.outage_ms for s in mine]
+            lost = [float(s.lost) for s in mine]
+            p50, worst = percentile(values, 0.5), max(values, default=float("nan"))
+            lost50, lostmax = percentile(lost, 0.5), max(lost, default=float("nan"))
+            figures[f"{impl}_{scenario}_lost_p50"] = lost50
+            figures[f"{impl}_{scenario}_lost_max"] = lostmax
+            figures[f"{impl}_{scenario}_p50_ms"] = round(p50, 1)
+            figures[f"{impl}_{scenario}_max_ms"] = round(worst, 1)
+            figures[f"{impl}_{scenario}_n"] = len(values)
+            lines.append(
+                f"{impl:<11}{scenario:<10}{len(values):>4}{p50:>10.1f}{worst:>10.1f}"
+                f"{lost50:>10.0f}{lostmax:>10.0f}"
+            )
+    for scenario in ("crash", "graceful"):
+        for stat in ("p50", "max"):
+            k = figures[f"keepalived_{scenario}_{stat}_ms"]
+            n = figures[f"nodelb_{scenario}_{stat}_ms"]
+            ratio = n / k if k else float("nan")
+            figures[f"ratio_{scenario}_{stat}"] = round(ratio, 3)
+            lines.append(f"nodelb / keepalived {scenario} {stat}: {ratio:.2f}")
+    return "\n".join(lines), figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.failover")
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--workdir", type=Path)
+    args = parser.parse_args(argv)
+    if not os.access(KEEPALIVED, os.X_OK):
+        print(f"{KEEPALIVED} is not installed", file=sys.stderr)
+        return 2
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="nodelb-failover-"))
+    lab = Lab(LabSpec(nodes=2, pods_per_node=0, with_controlplane=False), workdir)
+    lab.up()
+    try:
+        assert lab.client is not None
+        lab.start_servers(lab.nodes, tcp_port=PORT, udp_port=PORT + 1)
+        loop = lab.spawn(
+            lab.client.ns,
+            [
+                sys.executable,
+                "-c",
+                CLIENT_LOOP,
+                str(VIP),
+                str(PORT),
+                str(PERIOD),
+                str(REQUEST_TIMEOUT),
+            ],
+            log_name="client-loop",
+        )
+        wait_until(lambda: '"ready"' in lab.log_of(loop), TIMEOUT, "the client loop")
+        samples: list[Sample] = []
+        for impl in ("nodelb", "keepalived"):
+            samples += run_impl(lab, loop, impl, args.reps)
+        text, figures = table(samples)
+    finally:
+        lab.down()
+    figures |= {"reps": args.reps, "advert_interval_cs": INTERVAL_CS, "priorities": PRIORITIES}
+    figures["samples"] = [[s.impl, s.scenario, round(s.outage_ms, 1), s.lost] for s in samples]
+    print(text)
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""The speaker on the wire: spoofed adverts are dropped for the right reason, and the gratuitous
+ARP / NA burst has the configured count and spacing.
+
+Spoofs are real packets on the lab segment: a higher-priority advert from the client (not a
+peer), adverts with TTL / hop limit 254 from a real peer, and a peer's advert with the other
+IPv4 checksum mode. Captures use an AF_PACKET socket in another namespace with kernel receive
+timestamps (agent.lab.vrrp_lab capture).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agent.announce.config import GratuitousConfig, InstanceConfig
+from agent.announce.metrics import SpeakerMetrics
+from agent.announce.process import SpeakerProcess, Status
+from agent.announce.speaker import DropReason
+from agent.announce.vrrp_codec import ChecksumMode, DecodeReason
+from agent.lab import netns
+from agent.lab.topology import Lab, LabSpec
+from agent.lab.vrrp_lab import (
+    holds,
+    link_local,
+    mac_of,
+    parse_capture,
+    speaker_config,
+    start_capture,
+    start_speaker,
+    stop_all,
+)
+from agent.lab.wait import wait_until
+
+pytestmark = pytest.mark.kernel
+
+VIP4 = ipaddress.IPv4Address("198.18.0.210")
+VIP6 = ipaddress.IPv6Address("2001:db8::210")
+VRID = 9
+INTERVAL_CS = 10
+TIMEOUT = 20.0
+SPOOFS = 20
+
+
+@pytest.fixture
+def speakers() -> Iterator[list[SpeakerProcess]]:
+    """Yield a list the test appends its speakers to; every one is stopped by PID after."""
+    started: list[SpeakerProcess] = []
+    try:
+        yield started
+    finally:
+        stop_all(started)
+
+
+def instances(priority: int) -> list[InstanceConfig]:
+    return [
+        InstanceConfig(
+            vrid=VRID, family=f, priority=priority, advert_interval_cs=INTERVAL_CS, addresses=(a,)
+        )
+        for f, a in ((4, VIP4), (6, VIP6))
+    ]
+
+
+def send(lab: Lab, ns: str, *args: object) -> None:
+    argv = [sys.executable, "-m", "agent.lab.vrrp_lab", "send", *map(str, args)]
+    netns.run(ns, argv)
+
+
+def test_spoofed_adverts_are_dropped_with_their_reason_and_the_master_stays(
+    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess]
+) -> None:
+    lab = make_lab(LabSpec(nodes=2, pods_per_node=0, with_controlplane=False))
+    assert lab.client is not None
+    n1, n2 = lab.nodes
+    master = start_speaker(lab, n1, speaker_config(lab, n1, instances(100)), name="n1")
+    speakers.append(master)
+    wait_until(lambda: holds(n1, VIP4) and holds(n1, VIP6), TIMEOUT, "node-1 holding the VIPs")
+    before = master.status()
+    assert before is not None
+
+    client_ll = link_local(lab.client)
+    n2_ll = link_local(n2)
+    rfc = ChecksumMode.RFC5798
+    # The client is no peer: priority 255 adverts from it must not take the VIPs.
+    send(lab, lab.client.ns, 4, lab.client.ip4, VRID, 255, 255, SPOOFS, rfc, VIP4)
+    send(lab, lab.client.ns, 6, client_ll, VRID, 255, 255, SPOOFS, rfc, VIP6)
+    # node-2 is a peer, but a packet with TTL 254 has crossed a router (RFC 5798 §7.1).
+    send(lab, n2.ns, 4, n2.ip4, VRID, 255, 254, SPOOFS, rfc, VIP4)
+    send(lab, n2.ns, 6, n2_ll, VRID, 255, 254, SPOOFS, rfc, VIP6)
+    # A peer's IPv4 advert checksummed without the pseudo-header fails the codec.
+    send(lab, n2.ns, 4, n2.ip4, VRID, 255, 255, SPOOFS, ChecksumMode.VRRPV2_COMPAT, VIP4)
+    # A valid advert from a peer for a VRID this node does not run.
+    send(lab, n2.ns, 4, n2.ip4, VRID + 1, 255, 255, SPOOFS, rfc, VIP4)
+
+    expected = {
+        (4, DropReason.UNKNOWN_SOURCE.value): SPOOFS,
+        (6, DropReason.UNKNOWN_SOURCE.value): SPOOFS,
+        (4, DropReason.TTL.value): SPOOFS,
+        (6, DropReason.TTL.value): SPOOFS,
+        (4, DecodeReason.BAD_CHECKSUM.value): SPOOFS,
+        (4, DropReason.UNKNOWN_VRID.value): SPOOFS,
+    }
+
+    def all_counted() -> Status | None:
+        status = master.status()
+        if status is None:
+            return None
+        got = {k: status.dropped_count(*k) for k in expected}
+        return status if got == expected else None
+
+    status = wait_until(all_counted, TIMEOUT, f"drop counters reaching {expected}")
+    assert status is not None
+    assert dict(status.dropped) == expected  # nothing else was dropped, nothing counted twice
+    for family in (4, 6):
+        inst = status.instance(family, VRID)
+        assert inst is not None
+        assert (inst.state, inst.adverts_received, inst.takeovers) == ("Master", 0, 1), inst
+        assert inst.master == (n1.ip4 if family == 4 else link_local(n1))
+    assert [t.to_state for t in status.transitions] == [t.to_state for t in before.transitions]
+    assert holds(n1, VIP4) and holds(n1, VIP6)
+
+    # The same figures through the Prometheus metrics, counted once however often updated.
+    registry = CollectorRegistry()
+    metrics = SpeakerMetrics(registry)
+    metrics.update(status)
+    metrics.update(status)
+    value = registry.get_sample_value
+    for (family, reason), n in expected.items():
+        labels = {"family": str(family), "reason": reason}
+        assert value("nodelb_vrrp_adverts_dropped_total", labels) == n, labels
+    for family in (4, 6):
+        labels = {"vrid": str(VRID), "family": str(family)}
+        assert value("nodelb_vrrp_state", {**labels, "state": "Master"}) == 1
+        assert value("nodelb_vrrp_state", {**labels, "state": "Backup"}) == 0
+        assert value("nodelb_vrrp_priority", labels) == 100
+        assert value("nodelb_vrrp_takeovers_total", labels) == 1
+        assert value("nodelb_vrrp_transitions_total", {**labels, "to": "Master"}) == 1
+        assert value("nodelb_vrrp_adverts_received_total", labels) == 0
+        sent = value("nodelb_vrrp_adverts_sent_total", labels)
+        assert sent is not None and sent >= 1
+        assert value("nodelb_held_addresses", {"family": str(family)}) == 1
+    arp = value("nodelb_gratuitous_sent_total", {"family": "4", "kind": "arp_request"})
+    assert arp == GratuitousConfig().count
+
+
+@pytest.mark.parametrize("spacing_ms", [50, 150])
+def test_a_takeover_sends_the_configured_gratuitous_burst(
+    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess], spacing_ms: int
+) -> None:
+    lab = make_lab(LabSpec(nodes=1, pods_per_node=0, with_controlplane=False))
+    assert lab.client is not None
+    (n1,) = lab.nodes
+    capture = start_capture(lab, lab.client, name="capture")
+    count = 4
+    burst = GratuitousConfig(count=count, spacing_ms=spacing_ms)
+    sp = start_speaker(
+        lab, n1, speaker_config(lab, n1, instances(100), gratuitous=burst), name="n1"
+    )
+    speakers.append(sp)
+
+    def burst_seen() -> bool:
+        status = sp.status()
+        return status is not None and dict(status.gratuitous) == {
+            (4, "arp_request"): count,
+            (4, "arp_reply"): count,
+            (6, "na"): count,
+        }
+
+    wait_until(burst_seen, TIMEOUT, "the speaker reporting the whole burst sent")
+    mac = mac_of(n1)
+    wanted = {("arp", 1), ("arp", 2), ("na", -1)}
+
+    def captured() -> dict[tuple[str, int], list[int]] | None:
+        got: dict[tuple[str, int], list[int]] = {k: [] for k in wanted}
+        for f in parse_capture(lab.log_of(capture)):
+            if (f.kind, f.op) in got and f.target in (str(VIP4), str(VIP6)):
+                got[(f.kind, f.op)].append(f.t_ns)
+        return got if all(len(v) >= count for v in got.values()) else None
+
+    seen = wait_until(captured, TIMEOUT, "the burst on the wire")
+    assert seen is not None
+    for key, times in seen.items():
+        assert len(times) == count, (key, len(times))  # no more than configured
+        gaps_ms = [(b - a) / 1e6 for a, b in itertools.pairwise(times)]
+        # The first round leaves at once, the others `spacing_ms` apart (timer wake-up jitter
+        # of a busy machine allowed for on the late side only).
+        assert all(spacing_ms - 2 <= g <= spacing_ms + 40 for g in gaps_ms), (key, gaps_ms)
+    frames = [f for f in parse_capture(lab.log_of(capture)) if f.kind == "na"]
+    assert all(f.ttl == 255 for f in frames), frames
+    assert mac  # the frames' link-layer source is checked by the neighbour tests in failover
+
+
+def test_a_master_refreshes_its_announcements_periodically(
+    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess]
+) -> None:
+    lab = make_lab(LabSpec(nodes=1, pods_per_node=0, with_controlplane=False))
+    assert lab.client is not None
+    (n1,) = lab.nodes
+    capture = start_capture(lab, lab.client, name="capture")
+    refresh = GratuitousConfig(count=2, spacing_ms=50, refresh_s=0.3, arp_reply=False)
+    sp = start_speaker(
+        lab, n1, speaker_config(lab, n1, instances(100), gratuitous=refresh), name="n1"
+    )
+    speakers.append(sp)
+
+    def requests_seen() -> list[int] | None:
+        times = [
+            f.t_ns
+            for f in parse_capture(lab.log_of(capture))
+            if f.kind == "arp" and f.target == str(VIP4)
+        ]
+        return times if len(times) >= 5 else None
+
+    times = wait_until(requests_seen, TIMEOUT, "a burst of 2 and three refreshes")
+    assert times is not None
+    gaps_ms = [(b - a) / 1e6 for a, b in itertools.pairwise(times[:5])]
+    # The burst (50 ms), then a refresh every 300 ms, for as long as it is Master.
+    assert 48 <= gaps_ms[0] <= 90, gaps_ms
+    assert all(298 <= g <= 340 for g in gaps_ms[1:]), gaps_ms
+    assert all(f.op == 1 for f in parse_capture(lab.log_of(capture)) if f.kind == "arp")
+    status = sp.status()
+    assert status is not None
+    assert dict(status.gratuitous).get((4, "arp_reply"), 0) == 0
