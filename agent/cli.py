@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -16,15 +18,19 @@ import orjson
 from kubernetes import client
 
 from agent import logs, status
+from agent.announce.announcer import Announcer
+from agent.announce.inputs import SOURCES_ANNOTATION
 from agent.config import ConfigError, load_config
 from agent.conntrack import ToolConntrackRunner
 from agent.controller.leader import ElectionTiming
+from agent.controller.reports import REPORT_LABEL, REPORT_LABEL_VALUE
 from agent.controller.runtime import Controller, ControllerSettings
 from agent.dataplane import Dataplane
 from agent.health import HealthServer
 from agent.healthcheck import HealthCheckServers
 from agent.kube.client import api_client
 from agent.kube.events import KubeEventSink, ListSink
+from agent.kube.node_report import NodeReporter
 from agent.lab import demo, session
 from agent.manifests import ManifestError, load_files
 from agent.nft import LibNftRunner
@@ -84,15 +90,41 @@ def cmd_agent(args: argparse.Namespace) -> int:
     events = KubeEventSink(client.CoreV1Api(api), component="nodelb-agent", host=cfg.node_name)
     dataplane = Dataplane(LibNftRunner(), conntrack=ToolConntrackRunner())
     health_ports = HealthCheckServers() if cfg.health_check_node_ports else None
+    lists = list_fns(api)
+    announcer, reporter = None, None
+    held_changed: list[Any] = []  # the agent's callback, once the agent exists
+
+    def on_held_change() -> None:
+        held_changed[0]()
+
+    if cfg.announce.enabled:
+        # Started from the main thread: the speaker child dies with the thread that made it.
+        announcer = Announcer(
+            cfg.announce,
+            cfg.node_name,
+            events=events,
+            on_held_change=on_held_change,
+        )
+        announcer.start()
+        reporter = node_reporter(api, cfg, announcer)
+        announcer.reporter = reporter
+        lists = dataclasses.replace(lists, reports=report_list_fn(api, cfg))
     agent = Agent(
         cfg,
         dataplane=dataplane,
         events=events,
-        lists=list_fns(api),
+        lists=lists,
         on_health=health_ports.update if health_ports else None,
+        announcer=announcer,
     )
+    held_changed.append(agent.held_changed)
     stop = threading.Event()
     loop = threading.Thread(target=agent.run, args=(stop,), name="agent", daemon=True)
+    helpers = [
+        threading.Thread(target=runner.run, args=(stop,), name=name, daemon=True)
+        for name, runner in (("announcer", announcer), ("reporter", reporter))
+        if runner is not None
+    ]
     health = HealthServer(
         args.metrics_address or cfg.metrics_address,
         alive=loop.is_alive,
@@ -110,8 +142,18 @@ def cmd_agent(args: argparse.Namespace) -> int:
     health.run()
     log.info("agent starting", extra={"node": cfg.node_name, "metrics_port": health.port})
     loop.start()
+    for t in helpers:
+        t.start()
     while loop.is_alive():
         loop.join(timeout=0.5)
+    if announcer is not None:
+        # Resign first (priority-0 adverts): a backup takes over within Skew_Time, while this
+        # node's rules still serve whatever arrives meanwhile.
+        announcer.stop(graceful=True)
+    if reporter is not None:
+        reporter.wake()
+    for t in helpers:
+        t.join(timeout=10)
     health.close()
     if health_ports is not None:
         health_ports.close()
@@ -120,6 +162,28 @@ def cmd_agent(args: argparse.Namespace) -> int:
     # traffic keeps flowing meanwhile. `nodelb cleanup` removes it.
     log.info("agent stopped")
     return 0
+
+
+def node_reporter(api: Any, cfg: Any, announcer: Announcer) -> NodeReporter:
+    """Return the reporter of this node's served IPs, publishing its VRRP advert sources."""
+    duration = cfg.announce.report_lease_seconds
+    return NodeReporter(
+        client.CoordinationV1Api(api),
+        node=cfg.node_name,
+        namespace=cfg.announce.report_namespace,
+        duration=duration,
+        renew_every=duration / 3,
+        extra={SOURCES_ANNOTATION: ",".join(map(str, announcer.sources()))},
+    )
+
+
+def report_list_fn(api: Any, cfg: Any) -> Any:
+    """Return the list call for the node report Leases (the announcer's IPv6 peers)."""
+    return functools.partial(
+        client.CoordinationV1Api(api).list_namespaced_lease,
+        cfg.announce.report_namespace,
+        label_selector=f"{REPORT_LABEL}={REPORT_LABEL_VALUE}",
+    )
 
 
 def cmd_controller(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from agent.allocator.pools import PoolError, parse_block
+from agent.announce.settings import AnnounceConfigError, AnnounceSettings, parse_announce
 from agent.model import IPNetwork
 from agent.policy import DEFAULT_CLASS
 
@@ -61,6 +62,7 @@ class AgentConfig:
     metrics_address: str = DEFAULT_METRICS_ADDRESS
     # Answer healthCheckNodePorts (kube-proxy does where it runs: on only without it).
     health_check_node_ports: bool = False
+    announce: AnnounceSettings = field(default_factory=AnnounceSettings)
 
 
 def _networks(value: Any, key: str) -> tuple[IPNetwork, ...]:
@@ -117,6 +119,7 @@ KNOWN_KEYS = {
     "sync",
     "metricsAddress",
     "healthCheckNodePorts",
+    "announce",
 }
 
 
@@ -154,7 +157,15 @@ def parse_config(raw: Mapping[str, Any]) -> AgentConfig:
         sync=sync,
         metrics_address=str(raw.get("metricsAddress", DEFAULT_METRICS_ADDRESS)),
         health_check_node_ports=bool(raw.get("healthCheckNodePorts", False)),
+        announce=_announce(raw.get("announce")),
     )
+
+
+def _announce(raw: Any) -> AnnounceSettings:
+    try:
+        return parse_announce(raw)
+    except AnnounceConfigError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load_config(path: Path | None, *, node_name: str | None = None) -> AgentConfig:

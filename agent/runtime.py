@@ -19,6 +19,13 @@ from typing import Any, Protocol, cast
 from kubernetes import client
 
 from agent import metrics
+from agent.announce.inputs import (
+    SOURCES_ANNOTATION,
+    OwnershipInput,
+    ip_uses,
+    node_states,
+    parse_sources,
+)
 from agent.cache import BadSlice, ClusterCache, new_stores
 from agent.config import AgentConfig
 from agent.desired import (
@@ -58,6 +65,28 @@ class DataplaneLike(Protocol):
     def check_drift(self) -> bool: ...
 
 
+class AnnouncerLike(Protocol):
+    """What the loop needs of agent.announce.announcer.Announcer."""
+
+    def submit(self, inp: OwnershipInput, nodes: tuple[Node, ...]) -> None: ...
+
+    def held(self) -> frozenset[IPAddress]: ...
+
+    def report(self, programmed: frozenset[IPAddress]) -> None: ...
+
+    def set_reported_sources(self, reported: Mapping[str, tuple[IPAddress, ...]]) -> None: ...
+
+    def instances(self) -> list[dict[str, Any]]: ...
+
+
+def report_sources(obj: Mapping[str, Any]) -> tuple[str, tuple[IPAddress, ...]]:
+    """Return (node, VRRP advert sources) from a node report Lease."""
+    meta = obj.get("metadata") or {}
+    node = str((obj.get("spec") or {}).get("holderIdentity") or meta.get("name", ""))
+    text = str((meta.get("annotations") or {}).get(SOURCES_ANNOTATION) or "")
+    return node, parse_sources(text)
+
+
 @dataclass(frozen=True, slots=True)
 class ListFns:
     """The official client's list calls for the three watched resources."""
@@ -65,6 +94,7 @@ class ListFns:
     services: ListFn
     slices: ListFn
     nodes: ListFn
+    reports: ListFn | None = None  # node report Leases (the announcer's peers), when announcing
 
 
 def list_fns(api: Any) -> ListFns:
@@ -107,6 +137,7 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         on_problem: Callable[[Problem], None] | None = None,
         on_health: Callable[[dict[int, HealthAnswer]], list[str]] | None = None,
+        announcer: AnnouncerLike | None = None,
     ) -> None:
         self.cfg = cfg
         self._dataplane = dataplane
@@ -115,6 +146,7 @@ class Agent:
         self._clock = clock
         self._on_problem = on_problem or (lambda p: None)
         self._on_health = on_health
+        self._announcer = announcer
         self._health: dict[str, tuple[int, HealthAnswer]] = {}
         self._health_served: dict[int, HealthAnswer] = {}
         self._cache = ClusterCache(cfg.node_name)
@@ -195,6 +227,9 @@ class Agent:
             ("endpointslices", self._lists.slices, slices, self._on_slices),
             ("nodes", self._lists.nodes, nodes, self._on_nodes),
         )
+        if self._announcer is not None and self._lists.reports is not None:
+            reports: Store[tuple[str, tuple[IPAddress, ...]]] = Store(report_sources)
+            wiring += (("reports", self._lists.reports, reports, self._on_reports(reports)),)
         self._reflectors = [
             Reflector(
                 name=name,
@@ -227,6 +262,19 @@ class Agent:
                 r.close()
             for t in threads:
                 t.join(timeout=5)
+
+    def _on_reports(
+        self, store: Store[tuple[str, tuple[IPAddress, ...]]]
+    ) -> Callable[[list[Any]], None]:
+        def changed(changes: list[Any]) -> None:
+            assert self._announcer is not None
+            self._announcer.set_reported_sources(dict(store.items().values()))
+
+        return changed
+
+    def held_changed(self) -> None:
+        """The announcer's held addresses changed: re-assemble and sync (any thread)."""
+        self._changed(set())
 
     def _wake_on_stop(self, stop: threading.Event) -> None:
         stop.wait()
@@ -353,7 +401,10 @@ class Agent:
         self._dirty.clear()
         self._all_dirty = False
         held: frozenset[IPAddress] = frozenset()
-        if self.cfg.serve_all_ips:
+        if self._announcer is not None:
+            held = self._announcer.held()
+            self._submit_ownership()
+        elif self.cfg.serve_all_ips:
             held = frozenset(ip for r in self._results.values() for ip in r.lb_ips)
         local = self.cfg.local_cidrs or (node.pod_cidrs if node else ())
         assembly = assemble(self._results.values(), held_ips=held, local_cidrs=local)
@@ -364,6 +415,16 @@ class Agent:
         self.status.services = len(self._results)
         metrics.SERVICES_HANDLED.set(len(self._results))
         return assembly.desired, set(problems), (None if everything else changed)
+
+    def _submit_ownership(self) -> None:
+        """Hand the announcer what ownership is planned from (lock held; it plans elsewhere)."""
+        assert self._announcer is not None
+        services = {k: s for k, s in self._cache.services.items() if isinstance(s, Service)}
+        served = {k: r.lb_ips for k, r in self._results.items() if r.lb_ips}
+        slices = {k: self._cache.slices_of(k) for k in served if services[k].local_policy}
+        nodes = tuple(sorted(self._cache.nodes.values(), key=lambda n: n.name))
+        inp = OwnershipInput(node_states(nodes), ip_uses(served, services, slices))
+        self._announcer.submit(inp, nodes)
 
     def status_document(self, vrrp: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
         """Return what `GET /status` answers (`nodelb status`): see agent.report."""
@@ -379,7 +440,7 @@ class Agent:
                 "kind": "full" if st.last_sync_full else "partial",
             },
             desired=self._last_desired,
-            vrrp=vrrp,
+            vrrp=vrrp or (self._announcer.instances() if self._announcer else ()),
         )
 
     def _note_health(self, svc: Service) -> None:
@@ -439,6 +500,8 @@ class Agent:
                 self._all_dirty = True
         if ok:
             self._last_desired = desired
+            if self._announcer is not None:
+                self._announcer.report(frozenset(k.ip for k in desired.frontends))
             self.status.first_sync_done = True
             self.status.frontends = len(desired.frontends)
             self.ready.set()

@@ -97,7 +97,8 @@ def reference(api: kclient.ApiClient) -> tuple[float, int]:
         kwargs: dict[str, Any] = {"limit": 500, "_preload_content": False}
         if token:
             kwargs["_continue"] = token
-        body = orjson.loads(core.list_namespaced_service(NAMESPACE, **kwargs).data)
+        resp: Any = core.list_namespaced_service(NAMESPACE, **kwargs)
+        body = orjson.loads(resp.data)
         items.extend(body["items"])
         token = body["metadata"].get("continue")
         if not token:

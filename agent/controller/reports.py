@@ -94,13 +94,20 @@ def report_body(
     now: datetime.datetime,
     duration: int,
     resource_version: str | None = None,
+    extra: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Return the Lease object that reports `ips` for `node` (the agent's side)."""
+    """Return the Lease object that reports `ips` for `node` (the agent's side).
+
+    `extra` annotations ride along (the agent publishes its VRRP advert sources there).
+    """
     meta: dict[str, Any] = {
         "name": lease_name(node),
         "namespace": namespace,
         "labels": {REPORT_LABEL: REPORT_LABEL_VALUE},
-        "annotations": {SERVING_ANNOTATION: ",".join(sorted(map(str, ips), key=_ip_order))},
+        "annotations": {
+            **(extra or {}),
+            SERVING_ANNOTATION: ",".join(sorted(map(str, ips), key=_ip_order)),
+        },
     }
     if resource_version:
         meta["resourceVersion"] = resource_version

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -36,6 +36,7 @@ class NodeReporter:
         renew_every: float = 10.0,
         retry_every: float = 2.0,
         wall: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
+        extra: Mapping[str, str] | None = None,
     ) -> None:
         self._api = coordination
         self._node = node
@@ -44,6 +45,7 @@ class NodeReporter:
         self._renew_every = renew_every
         self._retry_every = retry_every
         self._wall = wall
+        self._extra = dict(extra or {})
         self._wanted: frozenset[IPAddress] = frozenset()
         self._written: frozenset[IPAddress] | None = None
         self._cond = threading.Condition()
@@ -102,6 +104,7 @@ class NodeReporter:
                 now=self._wall(),
                 duration=self._duration,
                 resource_version=rv,
+                extra=self._extra,
             )
             if rv is None:
                 self._api.create_namespaced_lease(self._namespace, body)

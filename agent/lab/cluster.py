@@ -73,6 +73,20 @@ FRONTEND_MAPS = ("ext", "int", "noep", "drop")
 _PROTO_NUMBERS = {"tcp": 6, "udp": 17, "sctp": 132}
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
+NODELB_NAMESPACE = "nodelb-system"
+# What `announce` settings the lab uses when a test or the demo turns the announcer on: fast
+# adverts (200 ms, so Master_Down is under a second) and short report Leases.
+LAB_ANNOUNCE: dict[str, Any] = {
+    "serveAllIPs": False,
+    "announce": {
+        "enabled": True,
+        "interface": "eth0",
+        "advertIntervalCs": 20,
+        "reportNamespace": NODELB_NAMESPACE,
+        "reportLeaseSeconds": 6,
+        "gratuitous": {"count": 3, "spacingMs": 100},
+    },
+}
 DEFAULT_AGENT_CONFIG: dict[str, Any] = {
     "pools": [
         {
@@ -269,6 +283,7 @@ class ClusterLab(UpDown):
             self._cp = ControlPlane(cp_host.ns, cp_host.ip4, self.workdir / "controlplane")
             self._cp.start()
             self.register_nodes()
+            self._create_nodelb_namespace()
             self.lab.start_pod_servers(tcp_port=POD_TCP_PORT, udp_port=POD_UDP_PORT)
             if self.with_kube_proxy:
                 self._start_kube_proxies()
@@ -379,6 +394,16 @@ class ClusterLab(UpDown):
             core.patch_node_status(node.name, status, _request_timeout=REQUEST_TIMEOUT)
 
     # -- kube-proxy --------------------------------------------------------------------------
+
+    def _create_nodelb_namespace(self) -> None:
+        """Create the namespace nodelb's Leases live in (the agents' node reports)."""
+        try:
+            self.core.create_namespace(
+                kclient.V1Namespace(metadata=kclient.V1ObjectMeta(name=NODELB_NAMESPACE))
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
 
     def kube_proxy_argv(self, node: Node) -> list[str]:
         """Return kube-proxy's command line for `node` (nftables mode, no global sysctls)."""
@@ -503,6 +528,12 @@ class ClusterLab(UpDown):
         if proc is not None:
             self._stop_together([proc])
 
+    def kill_agent(self, node_name: str) -> None:
+        """SIGKILL the agent on `node_name` by PID (a crash: nothing is cleaned up by it)."""
+        proc = self._agents.pop(node_name)
+        netns.stop(proc, sig=signal.SIGKILL)
+        self.lab.stop(proc)
+
     def restart_agent(self, node_name: str) -> None:
         """Stop and start the agent on `node_name`; returns once it is ready again."""
         self.stop_agent(node_name)
@@ -528,6 +559,7 @@ class ClusterLab(UpDown):
         source_ranges: Sequence[str] = (),
         traffic_distribution: str | None = None,
         namespace: str = "default",
+        annotations: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """Create a LoadBalancer Service, then write `status.loadBalancer.ingress` (ipMode
         VIP) through the status subresource as the allocator would. Returns the Service as
@@ -560,7 +592,11 @@ class ClusterLab(UpDown):
         body: Any = {
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": {"name": name, "namespace": namespace},
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "annotations": dict(annotations or {}),
+            },
             "spec": spec,
         }
         self.core.create_namespaced_service(namespace, body, _request_timeout=REQUEST_TIMEOUT)

@@ -1,0 +1,333 @@
+"""The announcer end to end: agents elect a holder with VRRP, the client follows takeovers.
+
+The lab cluster (3 nodes, 2 pods each, real apiserver, kube-proxy in nftables mode) runs every
+agent with `announce` on and 200 ms adverts. LoadBalancer IPs come from the client's own
+segment (198.18.0.x, 2001:db8::x), so nothing routes them: the client resolves them with ARP /
+ND and reaches whichever node answers — the holder, by its gratuitous announcements. Real
+traffic and real neighbour tables are the proof.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import ipaddress
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as kclient
+from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.lab import client, netns, nsclient
+from agent.lab.cluster import LAB_ANNOUNCE, ClusterLab, frontend_keys, tcp_port
+from agent.lab.controllers import NAMESPACE, ControllerSet
+from agent.lab.requestloop import RequestLoop, failed, outage
+from agent.lab.topology import Node
+from agent.lab.vrrp_lab import holds, mac_of, neighbour_mac
+from agent.lab.wait import wait_until
+from agent.model import IPAddress
+
+pytestmark = pytest.mark.e2e
+
+HTTP = tcp_port(80)
+TAKEOVER = 20.0  # deadline for a takeover to be visible (Master_Down is under 1 s here)
+CONVERGE = 60.0
+
+
+@pytest.fixture(scope="module")
+def cluster_agent_config() -> dict[str, Any]:
+    return LAB_ANNOUNCE
+
+
+def holders(cluster: ClusterLab, ip: IPAddress) -> list[Node]:
+    return [n for n in cluster.nodes if holds(n, ip)]
+
+
+def the_holder(cluster: ClusterLab, ip: IPAddress, *, not_: str | None = None) -> Node:
+    """Wait until exactly one node (other than `not_`) holds `ip`; return it."""
+
+    def one() -> Node | None:
+        found = holders(cluster, ip)
+        if len(found) == 1 and found[0].name != not_:
+            return found[0]
+        return None
+
+    found = wait_until(one, TAKEOVER, f"exactly one node other than {not_} to hold {ip}")
+    assert found is not None
+    return found
+
+
+def nobody_holds(cluster: ClusterLab, ip: IPAddress) -> bool:
+    return not holders(cluster, ip)
+
+
+def entry_names(cluster: ClusterLab, ip: IPAddress, node: Node) -> bool:
+    """Return True when the client's neighbour entry for `ip` carries `node`'s MAC."""
+    return neighbour_mac(cluster.client_ns, ip) == mac_of(node)
+
+
+def entry_follows_the_holder(cluster: ClusterLab, ip: IPAddress) -> bool:
+    """Return True when one node holds `ip` and the client's entry for `ip` names it.
+
+    Re-evaluated on every poll: right after start-up the first Master may still be preempted
+    by the preferred holder (VRRP preemption), and the entry then follows it."""
+    found = holders(cluster, ip)
+    return len(found) == 1 and entry_names(cluster, ip, found[0])
+
+
+def served(cluster: ClusterLab, ip: IPAddress, count: int = 8) -> bool:
+    results = client.tcp_requests(cluster.client_ns, ip, 80, count, timeout=1.0)
+    return all(isinstance(r, client.Reply) for r in results)
+
+
+@pytest.fixture
+def web(cluster: ClusterLab) -> Iterator[tuple[IPAddress, IPAddress]]:
+    """A Cluster-policy Service on 198.18.0.210 / 2001:db8::210 with a pod on every node."""
+    ips = (ipaddress.ip_address("198.18.0.210"), ipaddress.ip_address("2001:db8::210"))
+    cluster.create_service("web", ports=[HTTP], lb_ip=[str(i) for i in ips])
+    cluster.write_endpointslices("web", ["pod-1-1", "pod-2-1", "pod-3-1"])
+    try:
+        for ip in ips:
+            the_holder(cluster, ip)
+            wait_until(functools.partial(served, cluster, ip), CONVERGE, f"{ip} served")
+        yield ips
+    finally:
+        cluster.delete_service("web")
+        for ip in ips:
+            gone = functools.partial(nobody_holds, cluster, ip)
+            wait_until(gone, CONVERGE, f"{ip} released")
+
+
+def restart_stopped_agents(cluster: ClusterLab) -> None:
+    for node in cluster.nodes:
+        if node.name not in cluster.agent_pids:
+            cluster.start_agent(node.name)
+
+
+def test_exactly_one_node_holds_each_ip_and_the_client_reaches_it_directly(
+    cluster: ClusterLab, web: tuple[IPAddress, IPAddress]
+) -> None:
+    for ip in web:
+        the_holder(cluster, ip)
+        assert served(cluster, ip, count=24)
+        wait_until(
+            functools.partial(entry_follows_the_holder, cluster, ip),
+            10,
+            f"the client's neighbour entry for {ip} to name its holder",
+        )
+    events = wait_until(
+        lambda: cluster.events_for("web", reason="IPAnnounced"), 30, "an IPAnnounced Event"
+    )
+    assert any("now announces 198.18.0.210" in e["message"] for e in events)
+    # The holder reports both addresses as served (its rules are in place).
+    coord = kclient.CoordinationV1Api(cluster.api)
+    holder4 = the_holder(cluster, web[0])
+    lease = coord.read_namespaced_lease(f"nodelb-node-{holder4.name}", NAMESPACE)
+    annotations = (lease.metadata.annotations or {}) if lease.metadata else {}
+    assert "198.18.0.210" in annotations.get("nodelb.io/serving-ips", "").split(",")
+    code, body = cluster.agent_get(holder4.name, "/metrics")
+    assert code == 200 and 'nodelb_vrrp_state{family="4"' in body
+
+
+def test_kill_9_of_the_holders_agent_moves_the_ip_and_the_client_follows(
+    cluster: ClusterLab, web: tuple[IPAddress, IPAddress], tmp_path: Path
+) -> None:
+    ip = web[0]
+    wait_until(functools.partial(entry_follows_the_holder, cluster, ip), 10, "a settled entry")
+    old = the_holder(cluster, ip)
+    loop = RequestLoop(cluster.client_ns, ip, 80, log=tmp_path / "requests.jsonl")
+    loop.start()
+    try:
+        wait_until(lambda: True, 1, "warm-up")
+        cluster.kill_agent(old.name)
+        new = the_holder(cluster, ip, not_=old.name)
+        wait_until(
+            lambda: neighbour_mac(cluster.client_ns, ip) == mac_of(new),
+            10,
+            f"the client's neighbour entry to follow {ip} to {new.name}",
+        )
+        wait_until(lambda: served(cluster, ip), 10, "service to resume")
+    finally:
+        requests = loop.stop()
+        restart_stopped_agents(cluster)
+    assert requests and requests[-1].ok
+    gap = outage(requests)
+    print(f"kill -9 outage: {gap * 1000:.0f} ms over {len(requests)} requests")
+    assert gap < 5.0
+
+
+def test_sigterm_hands_over_without_a_failed_request(
+    cluster: ClusterLab, web: tuple[IPAddress, IPAddress], tmp_path: Path
+) -> None:
+    ip = web[0]
+    old = the_holder(cluster, ip)
+    loop = RequestLoop(cluster.client_ns, ip, 80, timeout=1.0, log=tmp_path / "requests.jsonl")
+    loop.start()
+    try:
+        pid = cluster.agent_pids[old.name]
+        os.kill(pid, signal.SIGTERM)
+        new = the_holder(cluster, ip, not_=old.name)
+        wait_until(
+            lambda: neighbour_mac(cluster.client_ns, ip) == mac_of(new), 10, "the entry follows"
+        )
+        wait_until(lambda: served(cluster, ip), 10, "service after the handover")
+    finally:
+        requests = loop.stop()
+        cluster.stop_agent(old.name)  # reaps the exited process
+        restart_stopped_agents(cluster)
+    assert len(requests) > 10
+    assert failed(requests) == 0, [r for r in requests if not r.ok][:5]
+
+
+def test_local_policy_moves_the_ip_when_the_holders_last_local_endpoint_goes(
+    cluster: ClusterLab,
+) -> None:
+    ip = ipaddress.ip_address("198.18.0.211")
+    cluster.create_service("loc", ports=[HTTP], lb_ip=[str(ip)], policy="Local")
+    try:
+        cluster.write_endpointslices("loc", ["pod-1-1", "pod-2-1"])
+        first = the_holder(cluster, ip)
+        assert first.name in ("node-1", "node-2")
+        other = "node-2" if first.name == "node-1" else "node-1"
+        remaining = "pod-2-1" if other == "node-2" else "pod-1-1"
+        cluster.write_endpointslices("loc", [remaining])
+        moved = the_holder(cluster, ip, not_=first.name)
+        assert moved.name == other
+        wait_until(lambda: served(cluster, ip), CONVERGE, f"{ip} served by {other}")
+    finally:
+        cluster.delete_service("loc")
+
+
+def test_failover_works_with_the_apiserver_stopped(
+    cluster: ClusterLab, web: tuple[IPAddress, IPAddress]
+) -> None:
+    ip = web[0]
+    old = the_holder(cluster, ip)
+    cluster.stop_controlplane()
+    try:
+        cluster.kill_agent(old.name)
+        new = the_holder(cluster, ip, not_=old.name)
+        wait_until(lambda: served(cluster, ip), 10, f"{ip} served by {new.name} without the API")
+    finally:
+        cluster.start_controlplane()
+        restart_stopped_agents(cluster)
+
+
+def test_serving_turns_true_once_a_node_holds_the_allocated_ip(
+    cluster: ClusterLab, tmp_path: Path
+) -> None:
+    cs = ControllerSet(cluster.lab, cluster.controlplane, tmp_path)
+    cs.write_config({"pools": [{"name": "lab", "addresses": ["198.18.0.220-198.18.0.229"]}]})
+    cs.start("ctl")
+    try:
+        cluster.create_service("alloc", ports=[HTTP], lb_ip=None)
+        cluster.write_endpointslices("alloc", ["pod-1-1", "pod-2-1"])
+
+        def serving() -> bool:
+            conds = cluster.read_service("alloc").get("status", {}).get("conditions") or []
+            return any(c["type"] == "LoadBalancerServing" and c["status"] == "True" for c in conds)
+
+        wait_until(serving, CONVERGE, "alloc Serving=True")
+        ingress = cluster.read_service("alloc")["status"]["loadBalancer"]["ingress"]
+        ip = ipaddress.ip_address(ingress[0]["ip"])
+        assert ip in ipaddress.ip_network("198.18.0.220/30") or str(ip) <= "198.18.0.229"
+        the_holder(cluster, ip)
+        assert served(cluster, ip)
+        assert cluster.lab.controlplane is not None
+        with nsclient.pool_manager(cluster.lab.controlplane.ns) as pm:
+            page = pm.request("GET", cs.metrics_url("ctl"), timeout=2.0).data.decode()
+        assert metric(page, "nodelb_allocations_total", pool="lab") >= 1
+        assert metric(page, "nodelb_controller_leader") == 1
+        assert metric(page, "nodelb_pool_addresses_in_use", pool="lab") >= 1
+    finally:
+        cluster.delete_service("alloc")
+        cs.stop_all()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Return the sum of the samples `name` with these labels in a Prometheus text page."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def agent_metric(cluster: ClusterLab, node: str, name: str, **labels: str) -> float:
+    code, body = cluster.agent_get(node, "/metrics")
+    assert code == 200
+    return metric(body, name, **labels)
+
+
+def test_agent_metrics_move_with_syncs_refusals_nft_failures_and_takeovers(
+    cluster: ClusterLab, web: tuple[IPAddress, IPAddress]
+) -> None:
+    node = "node-1"
+    syncs = agent_metric(cluster, node, "nodelb_sync_duration_seconds_count")
+    ip = ipaddress.ip_address("198.18.0.212")
+    cluster.create_service("m", ports=[HTTP], lb_ip=[str(ip)])
+    try:
+        cluster.write_endpointslices("m", ["pod-1-1", "pod-2-1"])
+        cluster.wait_rules(str(ip), 80)
+        assert agent_metric(cluster, node, "nodelb_sync_duration_seconds_count") > syncs
+
+        # A refused externalIP (the lab allows none) is counted.
+        refused = agent_metric(cluster, node, "nodelb_external_ips_refused_total")
+        cluster.create_service("ext", ports=[HTTP], lb_ip=None, external_ips=["198.18.0.160"])
+        wait_until(
+            lambda: agent_metric(cluster, node, "nodelb_external_ips_refused_total") > refused,
+            CONVERGE,
+            "the refused externalIP counted",
+        )
+
+        # An element removed behind the agent's back makes its next delta fail (ENOENT): the
+        # failure is counted and a full sync repairs the table.
+        failures = agent_metric(cluster, node, "nodelb_nft_transaction_failures_total")
+        keys = frontend_keys(cluster.nodelb_table(node))
+        holder_map = next(name for name, ks in keys.items() if (ip, 6, 80) in ks)
+        node_ns = cluster.lab.node(node).ns
+        netns.run(
+            node_ns,
+            [
+                "nft",
+                "delete",
+                "element",
+                "inet",
+                "nodelb",
+                holder_map,
+                "{",
+                f"{ip} . tcp . 80",
+                "}",
+            ],
+        )
+        cluster.delete_service("m")
+        wait_until(
+            lambda: agent_metric(cluster, node, "nodelb_nft_transaction_failures_total") > failures,
+            CONVERGE,
+            "the refused transaction counted",
+        )
+        wait_until(lambda: not cluster.has_rule(node, str(ip), 80), CONVERGE, "the table repaired")
+    finally:
+        for name in ("m", "ext"):
+            with contextlib.suppress(ApiException):
+                cluster.delete_service(name)
+
+    # A takeover is counted on the node that took over.
+    old = the_holder(cluster, web[0])
+    cluster.kill_agent(old.name)
+    try:
+        new = the_holder(cluster, web[0], not_=old.name)
+        wait_until(
+            lambda: agent_metric(cluster, new.name, "nodelb_vrrp_takeovers_total", family="4") >= 1,
+            CONVERGE,
+            f"the takeover counted on {new.name}",
+        )
+        assert agent_metric(cluster, new.name, "nodelb_gratuitous_sent_total", family="4") >= 1
+    finally:
+        restart_stopped_agents(cluster)
