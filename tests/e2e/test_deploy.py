@@ -259,7 +259,10 @@ ACCESS = [
     *(Access(AGENT, v, "endpointslices", group=DISCOVERY) for v in ("list", "watch")),
     *(Access(AGENT, v, "nodes") for v in ("get", "list", "watch")),
     *(Access(AGENT, v, "events", ns) for v in ("create", "patch") for ns in ("default", "shop")),
-    *(Access(AGENT, v, "leases", NS, COORDINATION) for v in ("get", "create", "update", "patch")),
+    *(
+        Access(AGENT, v, "leases", NS, COORDINATION)
+        for v in ("get", "list", "watch", "create", "update", "patch")
+    ),
     # agent: what it must not do
     Access(AGENT, "update", "services", "default", subresource="status", allowed=False),
     Access(AGENT, "patch", "services", "default", subresource="status", allowed=False),
@@ -273,7 +276,7 @@ ACCESS = [
     Access(AGENT, "update", "nodes", allowed=False),
     Access(AGENT, "patch", "nodes", subresource="status", allowed=False),
     Access(AGENT, "delete", "leases", NS, COORDINATION, allowed=False),
-    Access(AGENT, "list", "leases", NS, COORDINATION, allowed=False),
+    Access(AGENT, "deletecollection", "leases", NS, COORDINATION, allowed=False),
     Access(AGENT, "create", "leases", "kube-system", COORDINATION, allowed=False),
     Access(AGENT, "create", "events", "default", "events.k8s.io", allowed=False),
     # controller: reads, status writes, Events, leader and node-report Leases
