@@ -329,7 +329,9 @@ EXPECTED_RULES: dict[tuple[str, str], set[Rule]] = {
     | triples("discovery.k8s.io", "endpointslices", "list watch")
     | triples("", "nodes", "get list watch")
     | triples("", "events", "create patch"),
-    ("Role", "nodelb-agent"): triples("coordination.k8s.io", "leases", "get list watch create update patch"),
+    ("Role", "nodelb-agent"): triples(
+        "coordination.k8s.io", "leases", "get list watch create update patch"
+    ),
     ("ClusterRole", "nodelb-controller"): triples("", "services", "list watch")
     | triples("", "services/status", "get update patch")
     | triples("", "nodes", "list watch")
