@@ -18,7 +18,9 @@ advert it accepts (§6.4.2). Timer events are honoured only when they are due (`
 past the deadline this instance recorded); an event for a timer that was restarted or
 cancelled meanwhile is stale and ignored, so a racing I/O layer cannot cause a takeover.
 
-Beyond the RFC table: `PriorityChanged` (a Master re-advertises at once; Backups just take the
+Beyond the RFC table: a Master hearing a lower-ranked Master (a healed partition) advertises
+at once and re-sends its gratuitous announcements instead of discarding the advert silently;
+`PriorityChanged` (a Master re-advertises at once; Backups just take the
 new value), `preempt_delay` (keepalived's meaning: for that long after Startup a Backup does
 not preempt a lower-priority Master), and the addresses: `AddAddresses` on becoming Master,
 `RemoveAddresses` on leaving it. Accept_Mode is not modelled (nodelb's rules decide what a
@@ -319,7 +321,11 @@ def _master(inst: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Actio
                 RemoveAddresses(),
                 StartMasterDownTimer(at),
             )
-        return inst, ()  # a lower-ranked router: it will step down on our next advert
+        # A lower-ranked Master: two Masters, as after a healed partition. §6.4.3 discards
+        # the advert; like keepalived we answer at once (it steps down on our advert) and
+        # re-announce, because neighbours that followed the other Master still point at it.
+        inst, actions = _advertise(inst, now)
+        return inst, (*actions, SendGratuitous())
     return inst, ()  # Startup while running, or a Master_Down_Timer that no longer exists
 
 

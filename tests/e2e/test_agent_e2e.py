@@ -248,15 +248,19 @@ def test_status_reports_frontends_with_their_endpoint_counts(
 ) -> None:
     """`GET /status` (what `nodelb status` reads) parses and names what the node programmed."""
     serve(cluster, cleanup, "stat", ["198.18.0.204"], ["pod-1-1", "pod-2-1", "pod-2-2"])
-    code, body = cluster.agent_get("node-2", "/status")
-    assert code == 200
-    status = parse_status(json.loads(body))
+
+    def endpoints_programmed() -> Any:
+        code, body = cluster.agent_get("node-2", "/status")
+        assert code == 200
+        status = parse_status(json.loads(body))
+        mine = [f for f in status.frontends if f.service == "default/stat"]
+        counts = [(str(f.ip), f.port, f.endpoints, f.local_endpoints) for f in mine]
+        # The frontend may first be programmed before its slice arrives (no endpoints yet).
+        return status if counts == [("198.18.0.204", 80, 3, 2)] else None
+
+    status = wait_until(endpoints_programmed, CONVERGE, "/status to show the 3 endpoints")
     assert status.node == "node-2"
     assert status.last_sync.result.value == "ok"
-    mine = [f for f in status.frontends if f.service == "default/stat"]
-    assert [(str(f.ip), f.port, f.endpoints, f.local_endpoints) for f in mine] == [
-        ("198.18.0.204", 80, 3, 2)
-    ]
     assert "default/stat" in render_table(status)
 
 

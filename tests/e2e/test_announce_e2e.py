@@ -13,7 +13,10 @@ import contextlib
 import functools
 import ipaddress
 import os
+import re
 import signal
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -331,3 +334,75 @@ def test_agent_metrics_move_with_syncs_refusals_nft_failures_and_takeovers(
         assert agent_metric(cluster, new.name, "nodelb_gratuitous_sent_total", family="4") >= 1
     finally:
         restart_stopped_agents(cluster)
+
+
+def test_a_healed_partition_leaves_exactly_one_holder(
+    cluster: ClusterLab, web: tuple[IPAddress, IPAddress]
+) -> None:
+    ip = web[0]
+    cut = the_holder(cluster, ip)
+    port = f"sw-{cut.name}"[:15]  # its port on the lab's switch bridge
+    switch = cluster.lab.switch_ns
+    netns.run(switch, ["ip", "link", "set", port, "down"])
+    try:
+        # Each side elects its own: the cut-off node keeps the IP, the others take it too.
+        wait_until(lambda: len(holders(cluster, ip)) == 2, TAKEOVER, "a holder on each side")
+        wait_until(lambda: served(cluster, ip), CONVERGE, "the client's side to serve the IP")
+    finally:
+        netns.run(switch, ["ip", "link", "set", port, "up"])
+    wait_until(lambda: len(holders(cluster, ip)) == 1, TAKEOVER, "one holder after the heal")
+    # It stays one: several Master_Down intervals of adverts later there is still one holder.
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        assert len(holders(cluster, ip)) == 1
+    wait_until(functools.partial(entry_follows_the_holder, cluster, ip), 20, "the entry follows")
+    wait_until(lambda: served(cluster, ip), CONVERGE, "service after the heal")
+
+
+def test_ping_and_requests_resume_after_a_crash(
+    cluster: ClusterLab, web: tuple[IPAddress, IPAddress], tmp_path: Path
+) -> None:
+    ip = web[1]  # IPv6 this time: unsolicited NA moves the client
+    wait_until(functools.partial(entry_follows_the_holder, cluster, ip), 20, "a settled entry")
+    old = the_holder(cluster, ip)
+    ping = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            cluster.client_ns,
+            "ping",
+            "-6",
+            "-n",
+            "-i",
+            "0.05",
+            "-W",
+            "0.5",
+            "-w",
+            "6",
+            str(ip),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    loop = RequestLoop(cluster.client_ns, ip, 80, log=tmp_path / "requests.jsonl")
+    loop.start()
+    try:
+        cluster.kill_agent(old.name)
+        the_holder(cluster, ip, not_=old.name)
+        wait_until(lambda: served(cluster, ip), 10, "requests answered again")
+        out, _ = ping.communicate(timeout=30)
+    finally:
+        requests = loop.stop()
+        if ping.poll() is None:
+            netns.stop(ping)  # type: ignore[arg-type]
+        restart_stopped_agents(cluster)
+    replied = [int(m) for m in re.findall(r"icmp_seq=(\d+)", out)]
+    sent = int(re.search(r"(\d+) packets transmitted", out).group(1))  # type: ignore[union-attr]
+    assert replied, out
+    # Echo replies come back after the takeover, up to the end of the run.
+    assert max(replied) >= sent - 5, out[-400:]
+    assert requests[-1].ok
+    print(f"IPv6 kill -9 outage: {outage(requests) * 1000:.0f} ms; ping {len(replied)}/{sent}")

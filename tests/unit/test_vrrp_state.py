@@ -254,10 +254,23 @@ CASES = [
         id="an equal-priority advert from a higher primary address in Master steps down",
     ),
     pytest.param(
-        Case(MASTER, advert(100, src=LOWER_IP), MS),
-        id="an equal-priority advert from a lower primary address in Master is discarded",
+        Case(
+            MASTER,
+            advert(100, src=LOWER_IP),
+            MS,
+            (SendAdvert(100), StartAdverTimer(NOW + SECOND), SendGratuitous()),
+        ),
+        id="an equal-priority Master with a lower address is answered at once and re-announced",
     ),
-    pytest.param(Case(MASTER, advert(50), MS), id="a lower-priority advert in Master is discarded"),
+    pytest.param(
+        Case(
+            MASTER,
+            advert(50),
+            MS,
+            (SendAdvert(100), StartAdverTimer(NOW + SECOND), SendGratuitous()),
+        ),
+        id="a lower-priority Master (a healed partition) is answered at once and re-announced",
+    ),
     pytest.param(
         Case(
             MASTER,
