@@ -79,6 +79,24 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def stop_on_signals(stop: threading.Event, log: logging.Logger) -> None:
+    """Make SIGTERM and SIGINT set `stop`; the loops notice it and wind down in order."""
+
+    def on_signal(signum: int, frame: object) -> None:
+        log.info("stopping", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
+def run_until_done(loop: threading.Thread) -> None:
+    """Start `loop` and wait for it, waking often so the main thread still takes signals."""
+    loop.start()
+    while loop.is_alive():
+        loop.join(timeout=0.5)
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     """Run the node agent until SIGTERM/SIGINT."""
     logs.setup(args.log_level, args.log_format)
@@ -132,20 +150,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
         status=agent.status_document,
     )
 
-    def on_signal(signum: int, frame: object) -> None:
-        log.info("stopping", extra={"signal": signal.Signals(signum).name})
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_on_signals(stop, log)
     events.run()
     health.run()
     log.info("agent starting", extra={"node": cfg.node_name, "metrics_port": health.port})
-    loop.start()
     for t in helpers:
         t.start()
-    while loop.is_alive():
-        loop.join(timeout=0.5)
+    run_until_done(loop)
     if announcer is not None:
         # Resign first (priority-0 adverts): a backup takes over within Skew_Time, while this
         # node's rules still serve whatever arrives meanwhile.
@@ -209,18 +220,11 @@ def cmd_controller(args: argparse.Namespace) -> int:
     loop = threading.Thread(target=controller.run, args=(stop,), name="controller", daemon=True)
     health = HealthServer(args.metrics_address, alive=loop.is_alive, ready=controller.ready.is_set)
 
-    def on_signal(signum: int, frame: object) -> None:
-        log.info("stopping", extra={"signal": signal.Signals(signum).name})
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_on_signals(stop, log)
     events.run()
     health.run()
     log.info("controller starting", extra={"identity": identity, "metrics_port": health.port})
-    loop.start()
-    while loop.is_alive():
-        loop.join(timeout=0.5)
+    run_until_done(loop)
     health.close()
     events.close()
     log.info("controller stopped")

@@ -46,12 +46,12 @@ from typing import Any
 from agent.announce.config import GratuitousConfig, InstanceConfig
 from agent.announce.process import SpeakerProcess
 from agent.lab import netns
+from agent.lab.keepalived import KEEPALIVED, Keepalived, config_text, start_keepalived
 from agent.lab.topology import Lab, LabSpec, Node
 from agent.lab.vrrp_lab import holds, speaker_config, start_speaker
 from agent.lab.wait import GiveUp, wait_until
 from bench.measure import percentile
 
-KEEPALIVED = "/usr/sbin/keepalived"
 VIP = ipaddress.IPv4Address("198.18.0.230")
 VRID = 61
 INTERVAL_CS = 10
@@ -60,25 +60,6 @@ PORT = 8080
 PERIOD = 0.005
 REQUEST_TIMEOUT = 0.05
 TIMEOUT = 30.0
-
-KEEPALIVED_CONFIG = """\
-global_defs {{
-    router_id {name}
-    vrrp_version 3
-    vrrp_garp_master_repeat 3
-    vrrp_garp_master_refresh 0
-}}
-vrrp_instance VI_4 {{
-    state BACKUP
-    interface eth0
-    virtual_router_id {vrid}
-    priority {priority}
-    advert_int {advert_int}
-    virtual_ipaddress {{
-        {vip}/32 dev eth0
-    }}
-}}
-"""
 
 CLIENT_LOOP = """
 import json, socket, sys, time
@@ -107,7 +88,7 @@ class Daemon:
         self.lab, self.node, self.priority, self.impl, self.run = lab, node, priority, impl, run
         self.speaker: SpeakerProcess | None = None
         self.proc: subprocess.Popen[bytes] | None = None
-        self.vrrp_pidfile: Path | None = None
+        self.keepalived: Keepalived | None = None
 
     def start(self) -> None:
         name = f"{self.impl}-{self.node.name}-{self.run}"
@@ -123,30 +104,21 @@ class Daemon:
             config = speaker_config(self.lab, self.node, [inst], gratuitous=burst)
             self.speaker = start_speaker(self.lab, self.node, config, name=name, rt_priority=10)
             return
-        d = self.lab.workdir / name
-        d.mkdir(parents=True)
-        conf = d / "keepalived.conf"
-        conf.write_text(
-            KEEPALIVED_CONFIG.format(
-                name=self.node.name,
-                vrid=VRID,
-                priority=self.priority,
-                advert_int=INTERVAL_CS / 100,
-                vip=VIP,
-            )
+        text = config_text(
+            router_id=self.node.name,
+            vrid=VRID,
+            priority=self.priority,
+            advert_int=INTERVAL_CS / 100,
+            vips=(VIP,),
         )
-        self.vrrp_pidfile = d / "vrrp.pid"
-        argv = [
-            KEEPALIVED, "--dont-fork", "--log-console", "--no-syslog", "--vrrp",
-            "--dont-respawn", "-f", str(conf), "-p", str(d / "keepalived.pid"),
-            "-r", str(self.vrrp_pidfile), "-c", str(d / "checkers.pid"), "-b", str(d / "bfd.pid"),
-        ]  # fmt: skip
-        self.proc = self.lab.spawn(self.node.ns, argv, log_name=name)
-        wait_until(lambda: self._vrrp_pid() > 0, TIMEOUT, f"keepalived on {self.node.name}")
+        self.keepalived = start_keepalived(
+            self.lab, self.node, config=text, workdir=self.lab.workdir, name=name
+        )
+        self.proc = self.keepalived.proc
 
     def _vrrp_pid(self) -> int:
-        assert self.vrrp_pidfile is not None
-        return int(self.vrrp_pidfile.read_text().split()[0])
+        assert self.keepalived is not None
+        return self.keepalived.vrrp_pid()
 
     def crash(self) -> None:
         """SIGKILL the daemon: no resignation, the VIP stays configured."""

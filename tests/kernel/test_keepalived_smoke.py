@@ -8,26 +8,24 @@ crash that stays a crash. The lab tears every keepalived process down with the n
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
 
 import pytest
 
-from agent.lab import client, netns
+from agent.lab import client
 from agent.lab.client import Reply
+from agent.lab.keepalived import KEEPALIVED, Keepalived, config_text, start_keepalived
 from agent.lab.topology import Lab, LabSpec, Node
+from agent.lab.vrrp_lab import holds, mac_of, neighbour_mac
 from agent.lab.wait import wait_until
 from agent.model import IPAddress
 
 pytestmark = pytest.mark.kernel
 
-KEEPALIVED = "/usr/sbin/keepalived"
 VIP4 = IPv4Address("198.18.0.200")
 VIP6 = IPv6Address("2001:db8::200")
 VRID = 51
@@ -35,103 +33,17 @@ ADVERT_INT = 0.1  # seconds; VRRPv3 carries centiseconds and keepalived 2.2.7 ac
 NODE_PORT = 8080
 TIMEOUT = 30.0  # generous: the machine is busy; nothing here asserts a duration
 
-CONFIG = """\
-global_defs {{
-    router_id {router_id}
-    vrrp_version 3
-    vrrp_garp_master_repeat 3
-    vrrp_garp_master_refresh 0
-}}
-vrrp_instance VI_4 {{
-    state BACKUP
-    interface eth0
-    virtual_router_id {vrid}
-    priority {priority}
-    advert_int {advert_int}
-    virtual_ipaddress {{
-        {vip4}/32 dev eth0
-    }}
-}}
-vrrp_instance VI_6 {{
-    state BACKUP
-    interface eth0
-    virtual_router_id {vrid}
-    priority {priority}
-    advert_int {advert_int}
-    virtual_ipaddress {{
-        {vip6}/128 dev eth0
-    }}
-}}
-"""
 
-
-@dataclass(frozen=True, slots=True)
-class Keepalived:
-    """One keepalived run: its node, parent process and the VRRP child's pid file."""
-
-    node: Node
-    proc: subprocess.Popen[bytes]
-    vrrp_pidfile: Path
-
-    def vrrp_pid(self) -> int:
-        return int(self.vrrp_pidfile.read_text().split()[0])
-
-
-def start_keepalived(lab: Lab, node: Node, priority: int, workdir: Path) -> Keepalived:
-    d = workdir / f"keepalived-{node.name}"
-    d.mkdir(parents=True)
-    conf = d / "keepalived.conf"
-    conf.write_text(
-        CONFIG.format(
-            router_id=node.name,
-            vrid=VRID,
-            priority=priority,
-            advert_int=ADVERT_INT,
-            vip4=VIP4,
-            vip6=VIP6,
-        )
+def start_peer(lab: Lab, node: Node, priority: int, workdir: Path) -> Keepalived:
+    """Start keepalived on `node` holding VIP4 and VIP6 on VRID at `priority`."""
+    config = config_text(
+        router_id=node.name,
+        vrid=VRID,
+        priority=priority,
+        advert_int=ADVERT_INT,
+        vips=(VIP4, VIP6),
     )
-    check = netns.run(node.ns, [KEEPALIVED, "--config-test", "-f", str(conf)], check=False)
-    assert check.returncode == 0, f"keepalived rejects its config: {check.stderr}"
-    argv = [
-        KEEPALIVED,
-        "--dont-fork",
-        "--log-console",
-        "--log-detail",
-        "--no-syslog",
-        "--vrrp",
-        "--dont-respawn",
-        "-f", str(conf),
-        "-p", str(d / "keepalived.pid"),
-        "-r", str(d / "vrrp.pid"),
-        "-c", str(d / "checkers.pid"),
-        "-b", str(d / "bfd.pid"),
-    ]  # fmt: skip
-    proc = lab.spawn(node.ns, argv, log_name=f"keepalived-{node.name}")
-    ka = Keepalived(node=node, proc=proc, vrrp_pidfile=d / "vrrp.pid")
-    wait_until(
-        lambda: proc.poll() is None and ka.vrrp_pid() > 0,
-        TIMEOUT,
-        f"keepalived's VRRP process on {node.name}",
-    )
-    return ka
-
-
-def holds(node: Node, vip: IPAddress) -> bool:
-    family = "-4" if vip.version == 4 else "-6"
-    out = netns.run(node.ns, ["ip", "-j", family, "addr", "show", "dev", node.ifname]).stdout
-    return any(a["local"] == str(vip) for link in json.loads(out) for a in link["addr_info"])
-
-
-def mac(node: Node) -> str:
-    out = netns.run(node.ns, ["ip", "-j", "link", "show", "dev", node.ifname]).stdout
-    return str(json.loads(out)[0]["address"])
-
-
-def neighbor_mac(ns: str, ip: IPAddress) -> str | None:
-    out = netns.run(ns, ["ip", "-j", "neigh", "show", str(ip)]).stdout
-    entries = [e for e in json.loads(out or "[]") if "lladdr" in e]
-    return str(entries[0]["lladdr"]) if entries else None
+    return start_keepalived(lab, node, config=config, workdir=workdir)
 
 
 def answering_node(ns: str, vip: IPAddress) -> str | None:
@@ -157,7 +69,7 @@ def expect_neighbor(client_ns: str, vip: IPAddress, holder: Node) -> None:
     """Wait until `holder` has the VIP and the client's neighbour entry names its MAC."""
     wait_until(lambda: holds(holder, vip), TIMEOUT, f"{vip} on {holder.name}")
     wait_until(
-        lambda: neighbor_mac(client_ns, vip) == mac(holder),
+        lambda: neighbour_mac(client_ns, vip) == mac_of(holder),
         TIMEOUT,
         f"the client's neighbour entry for {vip} to point at {holder.name}",
     )
@@ -174,12 +86,12 @@ def test_keepalived_vip_moves_to_the_backup_when_the_master_is_killed(
     # A server in each node namespace names the node that answers on the VIP.
     lab.start_servers([node1, node2], tcp_port=NODE_PORT, udp_port=NODE_PORT + 1)
 
-    master = start_keepalived(lab, node1, priority=150, workdir=tmp_path)
-    backup = start_keepalived(lab, node2, priority=100, workdir=tmp_path)
+    master = start_peer(lab, node1, priority=150, workdir=tmp_path)
+    backup = start_peer(lab, node2, priority=100, workdir=tmp_path)
 
     for vip in (VIP4, VIP6):
         expect_holder(client_ns, vip, holder=node1, other=node2)
-        assert neighbor_mac(client_ns, vip) == mac(node1)
+        assert neighbour_mac(client_ns, vip) == mac_of(node1)
 
     # Crash the master: SIGKILL its VRRP process (no priority-0 resignation is sent), then
     # the parent. The VIPs stay configured on node-1, as after a real crash.

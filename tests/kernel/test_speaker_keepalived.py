@@ -17,17 +17,11 @@ import pytest
 
 from agent.announce.config import InstanceConfig
 from agent.announce.process import SpeakerProcess
+from agent.lab.keepalived import KEEPALIVED, Keepalived
 from agent.lab.topology import Lab, LabSpec, Node
 from agent.lab.vrrp_lab import holds, link_local, speaker_config, start_speaker, stop_all
 from agent.lab.wait import wait_until
-from tests.kernel.test_keepalived_smoke import (
-    KEEPALIVED,
-    VIP4,
-    VIP6,
-    VRID,
-    Keepalived,
-    start_keepalived,
-)
+from tests.kernel.test_keepalived_smoke import VIP4, VIP6, VRID, start_peer
 
 pytestmark = [
     pytest.mark.kernel,
@@ -90,7 +84,7 @@ def test_keepalived_backs_up_a_nodelb_master_and_yields_back_when_it_returns(
     master = nodelb(lab, n1, 150, "nodelb-1")
     speakers.append(master)
     wait_until(lambda: nodelb_state(master) == ("Master", "Master"), TIMEOUT, "nodelb master")
-    ka = start_keepalived(lab, n2, priority=100, workdir=tmp_path)
+    ka = start_peer(lab, n2, priority=100, workdir=tmp_path)
     # keepalived hears nodelb's adverts and stays backup: it never adds the VIPs.
     wait_until(
         lambda: lab.log_of(ka.proc).count("Entering BACKUP STATE") >= 2,
@@ -125,7 +119,7 @@ def test_a_nodelb_backup_follows_keepalived_takes_over_and_is_preempted_back(
 ) -> None:
     lab = make_lab(LabSpec(nodes=2, pods_per_node=0, with_controlplane=False, with_client=False))
     n1, n2 = lab.nodes
-    ka = start_keepalived(lab, n1, priority=150, workdir=tmp_path / "first")
+    ka = start_peer(lab, n1, priority=150, workdir=tmp_path / "first")
     wait_until(lambda: holds_both(n1), TIMEOUT, "keepalived master on node-1")
     backup = nodelb(lab, n2, 100, "nodelb-2")
     speakers.append(backup)
@@ -151,7 +145,7 @@ def test_a_nodelb_backup_follows_keepalived_takes_over_and_is_preempted_back(
     wait_until(lambda: nodelb_state(backup) == ("Master", "Master"), TIMEOUT, "nodelb takeover")
     wait_until(lambda: holds_both(n2), TIMEOUT, "nodelb holding the VIPs")
 
-    ka2 = start_keepalived(lab, n1, priority=150, workdir=tmp_path / "second")
+    ka2 = start_peer(lab, n1, priority=150, workdir=tmp_path / "second")
     wait_until(lambda: nodelb_state(backup) == ("Backup", "Backup"), TIMEOUT, "keepalived back")
     wait_until(lambda: holds_none(n2), TIMEOUT, "nodelb removing the VIPs")
     wait_until(lambda: holds_both(n1), TIMEOUT, "keepalived holding the VIPs again")
