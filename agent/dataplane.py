@@ -34,6 +34,7 @@ from agent.backoff import Backoff
 from agent.conntrack import ConntrackRunner, delete_stale_udp, removed_udp_endpoints
 from agent.model import DesiredState, FrontendKey
 from agent.nft import NftError, NftRunner
+from agent.nftnl import ElementSender, element_ops, ops_summary
 from rules import layout as L
 from rules.delta import delta
 from rules.plan import RenderError
@@ -110,7 +111,10 @@ class Dataplane:
     `backoff_initial` and `backoff_max` bound the retry delay (doubling per consecutive
     failure); `full_after_failures` consecutive failures make the next attempt a full resync.
     `conntrack` (optional) deletes stale UDP conntrack entries after each applied sync.
-    `mark` is the masquerade mark mask handed to the renderer. Construction does no I/O.
+    `mark` is the masquerade mark mask handed to the renderer. `elements` (optional) applies
+    partial syncs made only of element ops without libnftables (agent/nftnl.py); a batch it
+    refuses is sent again through the runner, and counted in `fast_fallbacks`. Construction
+    does no I/O.
     """
 
     def __init__(
@@ -123,8 +127,12 @@ class Dataplane:
         backoff_max: float = 30.0,
         full_after_failures: int = 3,
         mark: int = L.DEFAULT_MASQ_MARK,
+        elements: ElementSender | None = None,
     ) -> None:
         self._runner = runner
+        self._fast = elements
+        self.fast_applied = 0  # partial syncs sent as raw netlink element batches
+        self.fast_fallbacks = 0  # of those refused there, then sent through libnftables
         self._clock = clock
         self._conntrack = conntrack
         self._backoff = Backoff(initial=backoff_initial, maximum=backoff_max)
@@ -227,7 +235,7 @@ class Dataplane:
                 self._next_attempt_at = None
                 return SyncResult(SyncOutcome.UNCHANGED, SyncMode.NONE, self._clock() - start)
             try:
-                self._runner.run(tx.text())
+                self._send(tx, mode)
             except NftError as exc:
                 if mode is SyncMode.FULL:
                     self._kernel_known = False
@@ -253,6 +261,24 @@ class Dataplane:
             return SyncResult(
                 SyncOutcome.APPLIED, mode, duration, len(tx.ops), conntrack_deleted=cleared
             )
+
+    def _send(self, tx: Transaction, mode: SyncMode) -> None:
+        """Apply `tx`: element-only partial syncs as a netlink batch when an ElementSender is
+        set (agent/nftnl.py: no libnftables cache fetch), everything else, and a batch the
+        kernel refused, through the runner. Raises NftError if the runner refuses."""
+        ops = element_ops(tx) if self._fast is not None and mode is SyncMode.PARTIAL else None
+        if ops is not None and self._fast is not None:
+            try:
+                self._fast.apply(ops)
+                self.fast_applied += 1
+                return
+            except NftError as exc:
+                self.fast_fallbacks += 1
+                metrics.NFT_FAST_PATH_FALLBACKS.inc()
+                log.warning(
+                    "netlink element batch (%s) failed, using nft: %s", ops_summary(ops), exc
+                )
+        self._runner.run(tx.text())
 
     def _failed(
         self, outcome: SyncOutcome, mode: SyncMode, start: float, ops: int, error: str

@@ -12,10 +12,17 @@ For each size N (Services, one TCP frontend each, 10 endpoints each by default) 
 - the process's peak RSS during each phase (VmHWM, reset between phases; libnftables runs
   in-process, so its parser and cache count too), and the whole run's peak.
 
+With `--foreign`, one more phase per size: nodelb's table is loaded, then kube-proxy's shape
+for the same N Services is loaded next to it (a foreign table, ~11 chains per Service), and one
+changed Service is applied alternately through the libnftables path and through the netlink
+element fast path (agent/nftnl.py), `--foreign-changes` times each, in the same run: libnftables
+fetches every table's chains and sets before each command, the fast path fetches nothing.
+
 Everything runs inside a namespace `nlbt-bench-<hex>` created for the run and deleted at the
 end. Prints a table, then as its last line one JSON object with every figure.
 
     .venv/bin/python -m bench.dataplane --sizes 1000,10000 [--changes 200] [--endpoints 10]
+        [--foreign [--foreign-changes 100]]
 """
 
 from __future__ import annotations
@@ -23,20 +30,22 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import logging
 import random
 import resource
 import secrets
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.dataplane import Dataplane, SyncMode
 from agent.lab import netns
 from agent.model import DesiredState, Endpoint, Frontend, FrontendKey, Protocol
-from agent.nft import NetnsNftRunner, netns_inode, root_netns_inodes
+from agent.nft import NetnsNftRunner, NftError, netns_inode, root_netns_inodes
+from agent.nftnl import ElementOp, ElementSender, NetlinkElementSender
 from bench.measure import percentile, proc_mem_mb
 from rules.render import render
 
@@ -247,6 +256,101 @@ def measure(runner: NetnsNftRunner, services: int, endpoints: int, changes: int)
     )
 
 
+@dataclass
+class ForeignFigures:
+    services: int
+    foreign_load_s: float
+    libnft_change_p50_ms: float
+    libnft_change_p99_ms: float
+    fast_change_p50_ms: float
+    fast_change_p99_ms: float
+    fast_applied: int
+    fast_fallbacks: int
+
+
+class _Switch:
+    """An ElementSender that passes batches on while `on`, else refuses them at once, which
+    sends the Dataplane down its libnftables path (counted as a fallback)."""
+
+    def __init__(self, inner: ElementSender) -> None:
+        self.inner = inner
+        self.on = True
+
+    def apply(self, ops: Sequence[ElementOp]) -> None:
+        if not self.on:
+            raise NftError("fast path switched off for this sync")
+        self.inner.apply(ops)
+
+
+def measure_foreign(
+    runner: NetnsNftRunner, sender: ElementSender, services: int, endpoints: int, changes: int
+) -> ForeignFigures:
+    """Return one-change latencies through libnftables and through the fast path, alternated,
+    with kube-proxy's shape for the same Services loaded as a foreign table."""
+    rng = random.Random(services + 1)
+    state = build_state(services, endpoints)
+    switch = _Switch(sender)
+    dp = Dataplane(runner, elements=switch)
+    dp.cleanup()
+    runner.run(f"add table {REF_TABLE}\ndelete table {REF_TABLE}\n")
+    res = dp.sync(state)
+    assert res.ok and res.mode is SyncMode.FULL, res.error
+    load_s = _timed(lambda: runner.run(kube_proxy_shape(state)))
+    slow: list[float] = []
+    fast: list[float] = []
+    cur = state
+    keys = list(state.frontends)
+    quiet = logging.getLogger("agent.dataplane")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # every switched-off sync logs its fallback
+    try:
+        for n in range(2 * changes):
+            nxt, idx = changed(cur, rng, n)
+            switch.on = n % 2 == 1
+            t0 = time.perf_counter()
+            res = dp.sync(nxt, changed=[keys[idx]])
+            (fast if switch.on else slow).append(time.perf_counter() - t0)
+            assert res.ok and res.mode is SyncMode.PARTIAL, res.error
+            cur = nxt
+    finally:
+        quiet.setLevel(level)
+    runner.run(f"delete table {REF_TABLE}\n")
+    dp.cleanup()
+    assert dp.fast_applied == changes and dp.fast_fallbacks == changes
+    return ForeignFigures(
+        services=services,
+        foreign_load_s=load_s,
+        libnft_change_p50_ms=statistics.median(slow) * 1e3,
+        libnft_change_p99_ms=percentile(slow, 0.99) * 1e3,
+        fast_change_p50_ms=statistics.median(fast) * 1e3,
+        fast_change_p99_ms=percentile(fast, 0.99) * 1e3,
+        fast_applied=dp.fast_applied,
+        fast_fallbacks=dp.fast_fallbacks,
+    )
+
+
+def foreign_table(rows: list[ForeignFigures]) -> str:
+    head = (
+        f"{'services':>8} | {'foreign load s':>14} | {'libnftables chg p50/p99 ms':>26} "
+        f"{'fast path chg p50/p99 ms':>24} {'ratio p50':>9} {'ratio p99':>9}"
+    )
+    out = [head, "-" * len(head)]
+    for f in rows:
+        out.append(
+            f"{f.services:>8} | {f.foreign_load_s:>14.1f} | "
+            f"{f.libnft_change_p50_ms:>12.2f} / {f.libnft_change_p99_ms:>11.2f} "
+            f"{f.fast_change_p50_ms:>11.2f} / {f.fast_change_p99_ms:>10.2f} "
+            f"{f.libnft_change_p50_ms / f.fast_change_p50_ms:>8.0f}x "
+            f"{f.libnft_change_p99_ms / f.fast_change_p99_ms:>8.0f}x"
+        )
+    out.append(
+        "one changed Service = Dataplane.sync(state, changed=[key]) with kube-proxy's shape for "
+        "the same Services loaded as a foreign table; libnftables path and netlink element "
+        "fast path alternated in the same run; ratio = libnftables / fast path"
+    )
+    return "\n".join(out)
+
+
 def table(rows: list[Figures]) -> str:
     head = (
         f"{'services':>8} {'eps':>4} | {'nodelb full s':>13} {'kp-shape full s':>15} "
@@ -290,6 +394,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="1000,10000", help="comma-separated Service counts")
     p.add_argument("--endpoints", type=int, default=10, help="endpoints per Service")
     p.add_argument("--changes", type=int, default=200, help="single-Service changes (>= 100)")
+    p.add_argument(
+        "--foreign",
+        action="store_true",
+        help="also measure one change with kube-proxy's table present: libnftables vs fast path",
+    )
+    p.add_argument(
+        "--foreign-changes", type=int, default=100, help="changes per path in that phase"
+    )
+    p.add_argument("--skip-base", action="store_true", help="run only the --foreign phase")
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     if args.changes < 100:
@@ -299,22 +412,36 @@ def main(argv: list[str] | None = None) -> int:
     netns.create(name)
     runner = NetnsNftRunner(name)
     rows: list[Figures] = []
+    foreign: list[ForeignFigures] = []
+    sender: NetlinkElementSender | None = None
     try:
         if netns_inode(str(netns.NETNS_DIR / name)) in root_netns_inodes():
             raise SystemExit(f"{name} is the root namespace; refusing to run")
         for n in sizes:
-            rows.append(measure(runner, n, args.endpoints, args.changes))
+            if not args.skip_base:
+                rows.append(measure(runner, n, args.endpoints, args.changes))
+            if args.foreign:
+                sender = sender or NetlinkElementSender.in_namespace(name)
+                foreign.append(
+                    measure_foreign(runner, sender, n, args.endpoints, args.foreign_changes)
+                )
             print(f"# done: {n} services", file=sys.stderr, flush=True)
     finally:
+        if sender is not None:
+            sender.close()
         runner.close()
         netns.delete(name)
-    print(table(rows))
+    if rows:
+        print(table(rows))
+    if foreign:
+        print(foreign_table(foreign))
     print(
         json.dumps(
             {
                 "bench": "dataplane",
                 "changes": args.changes,
                 "results": [vars(f) for f in rows],
+                "foreign": [vars(f) for f in foreign],
                 "process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             }
         )

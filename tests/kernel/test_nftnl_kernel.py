@@ -1,0 +1,401 @@
+"""The netlink element fast path (agent/nftnl.py) against the real kernel, in throwaway namespaces.
+
+Each comparison loads the same full table into two fresh namespaces, applies one delta through
+libnftables in the first and as a raw netlink batch in the second, and requires the two
+`nft -j list table inet nodelb` outputs to be identical (handles dropped, set elements sorted:
+the kernel lists hash sets in an order of its own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from agent import nft, nftnl
+from agent.dataplane import Dataplane, SyncMode, SyncOutcome
+from agent.lab import netns
+from agent.model import DesiredState, Endpoint
+from agent.nft import NetnsNftRunner, NftError
+from agent.nftnl import NetlinkElementSender
+from rules import layout as L
+from rules.delta import delta
+from rules.readback import expected, from_json
+from rules.render import render, render_cleanup
+from tests.unit.rules_states import (
+    _V4_EP,
+    _V4_RANGES,
+    _V6_EP,
+    _V6_RANGES,
+    desired_states,
+    eps,
+    fe,
+    ip,
+    state,
+)
+
+pytestmark = pytest.mark.kernel
+
+
+@dataclass
+class Side:
+    """One namespace with a libnftables runner and a netlink element sender in it."""
+
+    ns: str
+    runner: NetnsNftRunner
+    sender: NetlinkElementSender
+
+    def nft(self, *args: str, check: bool = True) -> str:
+        return netns.run(self.ns, ["nft", *args], check=check).stdout
+
+    def table(self) -> Any:
+        """Return `nft -j list table inet nodelb`, normalized for comparison."""
+        return _normalize(json.loads(self.nft("-j", "list", "table", *L.TABLE.split())))
+
+
+def _normalize(doc: Any) -> Any:
+    if isinstance(doc, dict):
+        out = {k: _normalize(v) for k, v in doc.items() if k not in ("handle", "metainfo")}
+        if isinstance(out.get("elem"), list):
+            out["elem"] = sorted(out["elem"], key=lambda e: json.dumps(e, sort_keys=True))
+        return out
+    if isinstance(doc, list):
+        return [_normalize(v) for v in doc if not (isinstance(v, dict) and "metainfo" in v)]
+    return doc
+
+
+@contextmanager
+def side(tag: str) -> Iterator[Side]:
+    """Yield a fresh namespace `nlbt-<tag>-<hex>` with a runner and a sender; deleted on exit."""
+    if os.geteuid() != 0:
+        pytest.skip("kernel tests need root (they create network namespaces)")
+    name = f"nlbt-{tag}-{secrets.token_hex(3)}"
+    with ExitStack() as stack:
+        stack.callback(netns.delete, name)
+        netns.create(name)
+        inode = nft.netns_inode(str(netns.NETNS_DIR / name))
+        assert inode not in nft.root_netns_inodes(), f"{name} is the root network namespace"
+        runner = NetnsNftRunner(name)
+        stack.callback(runner.close)
+        sender = NetlinkElementSender.in_namespace(name)
+        stack.callback(sender.close)
+        yield Side(name, runner, sender)
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[Side, Side]]:
+    with side("nlA") as a, side("nlB") as b:
+        yield a, b
+
+
+def apply_both_ways(pair: tuple[Side, Side], old: DesiredState, new: DesiredState) -> bool:
+    """Load render(old) in both namespaces, apply delta(old, new) by libnftables in the first
+    and, when it is element-only, by netlink in the second. Return True if netlink was used."""
+    lib, fast = pair
+    for s in pair:
+        s.runner.run(render_cleanup().text())
+        s.runner.run(render(old).text())
+    tx = delta(old, new)
+    if tx.ops:
+        lib.runner.run(tx.text())
+    ops = nftnl.element_ops(tx)
+    if ops is None:
+        if tx.ops:
+            fast.runner.run(tx.text())
+        return False
+    fast.sender.apply(ops)
+    return True
+
+
+BASE = state(
+    [
+        fe("198.18.0.200", endpoints=eps("198.19.1.5:8080", "198.19.1.6:8080")),
+        fe("198.18.0.201", "udp", 53, endpoints=eps("198.19.1.5:53", "198.19.2.5:53")),
+        fe("198.18.0.202", "sctp", 9, endpoints=eps("198.19.1.5:9")),
+        fe(
+            "198.18.0.203",
+            local_only=True,
+            endpoints=eps("198.19.1.5:80"),
+            cluster=eps("198.19.1.5:80", "198.19.2.5:80"),
+        ),
+        fe("2001:db8::200", "tcp", 443, endpoints=eps("[2001:db8:1::5]:8443")),
+        fe(
+            "2001:db8::201",
+            "udp",
+            53,
+            endpoints=eps("[2001:db8:1::5]:53", "[2001:db8:1::6]:53"),
+        ),
+        fe("198.18.0.204", endpoints=()),
+        # keeps epl4_1 and epc4_2 in use when 198.18.0.203 changes (element-only deltas)
+        fe(
+            "198.18.0.206",
+            local_only=True,
+            endpoints=eps("198.19.1.7:80"),
+            cluster=eps("198.19.1.7:80", "198.19.2.7:80"),
+        ),
+        fe("198.18.0.208", endpoints=eps("198.19.1.5:8080"), ranges=("203.0.113.0/25",)),
+    ],
+    held=["198.18.0.200", "2001:db8::200"],
+    local=["198.19.0.0/16", "2001:db8:1::/64"],
+)
+
+
+def _with(fronts: list[Any], held: list[str] | None = None) -> DesiredState:
+    base = {f.key: f for f in BASE.frontends.values()}
+    for f in fronts:
+        base[f.key] = f
+    return DesiredState(
+        frontends=base,
+        held_ips=BASE.held_ips if held is None else frozenset(state(held=held).held_ips),
+        local_cidrs=BASE.local_cidrs,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    new: DesiredState
+
+
+CHANGES = [
+    pytest.param(
+        Change(_with([fe("198.18.0.200", endpoints=eps("198.19.1.5:8080", "198.19.1.9:8081"))])),
+        id="an IPv4 endpoint is replaced: backend map element deleted and re-added",
+    ),
+    pytest.param(
+        Change(
+            _with(
+                [
+                    fe(
+                        "2001:db8::201",
+                        "udp",
+                        53,
+                        endpoints=eps("[2001:db8:1::5]:53", "[2001:db8:1::7]:5353"),
+                    )
+                ]
+            )
+        ),
+        id="an IPv6 endpoint is replaced in a UDP frontend",
+    ),
+    pytest.param(
+        Change(
+            _with(
+                [fe("198.18.0.205", "tcp", 8080, endpoints=eps("198.19.2.9:80", "198.19.2.8:80"))]
+            )
+        ),
+        id="a new frontend adds a verdict map element (goto) and backend elements",
+    ),
+    pytest.param(
+        Change(_with([fe("198.18.0.204", endpoints=eps("198.19.2.9:80"))])),
+        id="a frontend gets its first endpoint: out of noep, into ext with goto",
+    ),
+    pytest.param(
+        Change(_with([fe("198.18.0.200", endpoints=())])),
+        id="a frontend loses every endpoint: verdict element deleted, noep element added",
+    ),
+    pytest.param(
+        Change(
+            _with(
+                [
+                    fe(
+                        "198.18.0.203",
+                        local_only=True,
+                        endpoints=(),
+                        cluster=eps("198.19.1.5:80", "198.19.2.5:80"),
+                    )
+                ]
+            )
+        ),
+        id="a Local frontend loses its local endpoint: drop set element, int keeps goto",
+    ),
+    pytest.param(
+        Change(
+            _with(
+                [
+                    fe(
+                        "198.18.0.203",
+                        local_only=True,
+                        endpoints=eps("198.19.1.5:80"),
+                        cluster=(),
+                    )
+                ]
+            )
+        ),
+        id="a Local frontend without cluster endpoints gets an accept verdict in int",
+    ),
+    pytest.param(
+        Change(
+            _with(
+                [
+                    fe(
+                        "198.18.0.207",
+                        endpoints=eps("198.19.1.5:8080", "198.19.1.6:8080"),
+                        ranges=("203.0.113.0/24", "192.0.2.7/32", "2001:db8:ffff::/48"),
+                    ),
+                    fe(
+                        "2001:db8::202",
+                        "tcp",
+                        443,
+                        endpoints=eps("[2001:db8:1::6]:8443"),
+                        ranges=("2001:db8:ffff::/48", "2001:db8:eeee:1::/64"),
+                    ),
+                ]
+            )
+        ),
+        id="frontends with IPv4 and IPv6 source ranges are added: srfe and srok ranges",
+    ),
+    pytest.param(
+        Change(_with([fe("198.18.0.208", endpoints=eps("198.19.1.5:8080"))])),
+        id="a frontend drops its source range: srfe and srok elements deleted",
+    ),
+    pytest.param(
+        Change(_with([], held=["198.18.0.201", "2001:db8::201"])),
+        id="held IPs change in both families",
+    ),
+]
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_the_netlink_batch_leaves_exactly_the_table_libnftables_leaves(
+    pair: tuple[Side, Side], change: Change
+) -> None:
+    assert apply_both_ways(pair, BASE, change.new), "this delta should take the fast path"
+    lib, fast = pair
+    assert lib.table() == fast.table()
+    assert not expected(change.new).differences(from_json(fast.runner.list_table("inet", "nodelb")))
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(a=desired_states(), b=desired_states())
+def test_any_element_only_delta_gives_the_same_table_both_ways(
+    pair: tuple[Side, Side], a: DesiredState, b: DesiredState
+) -> None:
+    used = apply_both_ways(pair, a, b)
+    event(f"fast path used: {used}")
+    lib, fast = pair
+    assert lib.table() == fast.table()
+
+
+def _same_count(draw: st.DrawFn, old: tuple[Endpoint, ...], v4: bool) -> tuple[Endpoint, ...]:
+    n = len({(e.ip, e.port) for e in old})
+    pool = _V4_EP if v4 else _V6_EP
+    return tuple(draw(st.lists(st.sampled_from(pool), min_size=n, max_size=n, unique=True)))
+
+
+@st.composite
+def small_changes(draw: st.DrawFn) -> tuple[DesiredState, DesiredState]:
+    """Draw (a, b): b changes endpoints of some frontends of a, keeping each path's endpoint
+    count (so no dispatch chain comes or goes), maybe their source ranges, and maybe the
+    held IPs."""
+    a = draw(desired_states())
+    fronts = dict(a.frontends)
+    for k, f in a.frontends.items():
+        if f.affinity_timeout is not None or not draw(st.booleans()):
+            continue
+        v4 = k.ip.version == 4
+        ext, cl = f.endpoints, f.cluster_endpoints
+        if cl is ext:
+            ext = cl = _same_count(draw, ext, v4)
+        elif f.local_only:  # the internal path always has its own endpoints
+            ext, cl = _same_count(draw, ext, v4), _same_count(draw, cl, v4)
+        # else: a Cluster frontend whose internal endpoints differ keeps them (redrawing could
+        # make them equal, which removes its internal path and maybe a dispatch chain)
+        ranges = f.source_ranges
+        if draw(st.booleans()):
+            ranges = tuple(draw(st.lists(st.sampled_from(_V4_RANGES + _V6_RANGES), max_size=3)))
+        fronts[k] = dataclasses.replace(
+            f, endpoints=ext, cluster_endpoints=cl, source_ranges=ranges
+        )
+    held = a.held_ips
+    if draw(st.booleans()):
+        held = frozenset(draw(st.sets(st.sampled_from([ip("198.18.0.200"), ip("2001:db8::200")]))))
+    return a, DesiredState(frontends=fronts, held_ips=held, local_cidrs=a.local_cidrs)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(ab=small_changes())
+def test_small_endpoint_and_held_ip_changes_give_the_same_table_both_ways(
+    pair: tuple[Side, Side], ab: tuple[DesiredState, DesiredState]
+) -> None:
+    a, b = ab
+    used = apply_both_ways(pair, a, b)
+    event(f"fast path used: {used}")
+    assert used == bool(delta(a, b).ops), "every non-empty change of this kind is element-only"
+    lib, fast = pair
+    assert lib.table() == fast.table()
+
+
+def test_a_refused_batch_applies_nothing_and_the_dataplane_falls_back(
+    pair: tuple[Side, Side],
+) -> None:
+    _, s = pair
+    dp = Dataplane(s.runner, elements=s.sender)
+    assert dp.sync(BASE).ok
+    before = s.table()
+    # Deleting a missing element: the kernel refuses the whole batch (ENOENT), including the
+    # addition in the same batch.
+    bad = nftnl.element_ops(
+        delta(BASE, _with([fe("198.18.0.200", endpoints=eps("198.19.1.5:8080", "198.19.1.9:1"))]))
+    )
+    assert bad is not None
+    s.nft("delete", "element", "inet", "nodelb", "be4_2", "{ 198.18.0.200 . tcp . 80 . 1 }")
+    tampered = s.table()
+    with pytest.raises(NftError, match="No such file or directory"):
+        s.sender.apply(bad)
+    assert s.table() == tampered
+    # Through the Dataplane: the same delta is refused by netlink, then by libnftables, and
+    # the mirror stays; the fallback is counted.
+    res = dp.sync(_with([fe("198.18.0.200", endpoints=eps("198.19.1.5:8080", "198.19.1.9:1"))]))
+    assert res.outcome is SyncOutcome.REFUSED
+    assert (dp.fast_applied, dp.fast_fallbacks) == (0, 1)
+    assert dp.mirror is BASE
+    assert s.table() == tampered
+    # Repair the tampering by hand: the same sync now goes through the fast path.
+    s.nft(
+        "add",
+        "element",
+        "inet",
+        "nodelb",
+        "be4_2",
+        "{ 198.18.0.200 . tcp . 80 . 1 : 198.19.1.6 . 8080 }",
+    )
+    assert s.table() == before
+    res = dp.sync(_with([fe("198.18.0.200", endpoints=eps("198.19.1.5:8080", "198.19.1.9:1"))]))
+    assert (res.outcome, res.mode) == (SyncOutcome.APPLIED, SyncMode.PARTIAL)
+    assert (dp.fast_applied, dp.fast_fallbacks) == (1, 1)
+    assert not expected(dp.mirror).differences(from_json(s.runner.list_table("inet", "nodelb")))
+
+
+def test_a_dead_socket_falls_back_to_libnftables_cleanly(pair: tuple[Side, Side]) -> None:
+    _, s = pair
+    dp = Dataplane(s.runner, elements=s.sender)
+    assert dp.sync(BASE).ok
+    s.sender.close()
+    new = _with([fe("198.18.0.200", endpoints=eps("198.19.1.5:8080", "198.19.1.9:1"))])
+    res = dp.sync(new)
+    assert (res.outcome, res.mode) == (SyncOutcome.APPLIED, SyncMode.PARTIAL)
+    assert (dp.fast_applied, dp.fast_fallbacks) == (0, 1)
+    assert not expected(new).differences(from_json(s.runner.list_table("inet", "nodelb")))
+
+
+def test_the_sender_fails_for_a_missing_namespace_without_opening_a_socket() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    with pytest.raises(FileNotFoundError):
+        NetlinkElementSender.in_namespace(f"nlbt-missing-{secrets.token_hex(3)}")
