@@ -10,6 +10,10 @@ SYNC_DURATION = Histogram(
     ["mode"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+NFT_FAST_PATH_FALLBACKS = Counter(
+    "nodelb_nft_fast_path_fallbacks_total",
+    "Element-only syncs the kernel refused as a netlink batch, then sent through libnftables.",
+)
 NFT_TRANSACTION_FAILURES = Counter(
     "nodelb_nft_transaction_failures_total",
     "nft transactions the kernel refused (the previous state stayed in place).",
