@@ -83,6 +83,11 @@ def entry_follows_the_holder(cluster: ClusterLab, ip: IPAddress) -> bool:
     return len(found) == 1 and entry_names(cluster, ip, found[0])
 
 
+def answered(cluster: ClusterLab, ip: IPAddress, count: int = 8) -> bool:
+    results = client.tcp_requests(cluster.client_ns, ip, 80, count, timeout=1.0)
+    return any(isinstance(r, client.Reply) for r in results)
+
+
 def served(cluster: ClusterLab, ip: IPAddress, count: int = 8) -> bool:
     results = client.tcp_requests(cluster.client_ns, ip, 80, count, timeout=1.0)
     return all(isinstance(r, client.Reply) for r in results)
@@ -347,7 +352,9 @@ def test_a_healed_partition_leaves_exactly_one_holder(
     try:
         # Each side elects its own: the cut-off node keeps the IP, the others take it too.
         wait_until(lambda: len(holders(cluster, ip)) == 2, TAKEOVER, "a holder on each side")
-        wait_until(lambda: served(cluster, ip), CONVERGE, "the client's side to serve the IP")
+        # The client's side answers (not every request: the cut-off node's pod is unreachable
+        # from there, and Cluster policy spreads over every pod).
+        wait_until(lambda: answered(cluster, ip), CONVERGE, "the client's side to answer")
     finally:
         netns.run(switch, ["ip", "link", "set", port, "up"])
     wait_until(lambda: len(holders(cluster, ip)) == 1, TAKEOVER, "one holder after the heal")
@@ -355,7 +362,11 @@ def test_a_healed_partition_leaves_exactly_one_holder(
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
         assert len(holders(cluster, ip)) == 1
-    wait_until(functools.partial(entry_follows_the_holder, cluster, ip), 20, "the entry follows")
+    # Every request is answered again. The client's neighbour entry may still name the node
+    # that stepped down (when its Master heard the winner's advert before the winner heard
+    # its own, the winner had nothing to answer): that node's rules still forward, and the
+    # entry moves when the client re-resolves, or at the winner's next periodic refresh
+    # (announce.gratuitous.refreshSeconds).
     wait_until(lambda: served(cluster, ip), CONVERGE, "service after the heal")
 
 
