@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from kubernetes import client
 
-from agent import logs, status
+from agent import logs, memory, status
 from agent.announce.announcer import Announcer
 from agent.announce.inputs import SOURCES_ANNOTATION
 from agent.config import ConfigError, load_config
@@ -100,8 +100,11 @@ def run_until_done(loop: threading.Thread) -> None:
 
 def cmd_agent(args: argparse.Namespace) -> int:
     """Run the node agent until SIGTERM/SIGINT."""
+    # Before any thread starts: threads keep the malloc arena they first got.
+    arenas = memory.limit_malloc_arenas(os.environ)
     logs.setup(args.log_level, args.log_format)
     log = logging.getLogger("nodelb.agent")
+    log.debug("malloc arenas", extra={"arena_max": arenas})
     cfg = load_config(args.config, node_name=args.node_name)
     if not cfg.node_name:
         raise ConfigError("the node name is unset: pass --node-name or set $NODE_NAME")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -246,7 +247,7 @@ def parse_slice(obj: Mapping[str, object]) -> Slice:
             if (ep := _parse_endpoint(raw, version, f"{where}: endpoints[{i}]")) is not None
         )
     return Slice(
-        namespace=namespace,
+        namespace=sys.intern(namespace),
         name=name,
         service_name=service_name,
         address_type=address_type,
@@ -289,10 +290,13 @@ def _parse_endpoint(raw: object, version: int, where: str) -> SliceEndpoint | No
         hints = _mapping(raw_hints, "hints", where)
         for_nodes = _hint_names(hints.get("forNodes"), "hints.forNodes", where)
         for_zones = _hint_names(hints.get("forZones"), "hints.forZones", where)
+    node_name = _opt_str(ep.get("nodeName"), "nodeName", where)
+    zone = _opt_str(ep.get("zone"), "zone", where)
     return SliceEndpoint(
         ip=ip,
-        node_name=_opt_str(ep.get("nodeName"), "nodeName", where),
-        zone=_opt_str(ep.get("zone"), "zone", where),
+        # A few node and zone names repeat over every endpoint: one string object each.
+        node_name=None if node_name is None else sys.intern(node_name),
+        zone=None if zone is None else sys.intern(zone),
         ready=ready is None or ready,
         serving=serving is None or serving,
         terminating=terminating is not None and terminating,
@@ -307,7 +311,7 @@ def _hint_names(raw: object, field: str, where: str) -> frozenset[str] | None:
     names = []
     for i, item in enumerate(_list(raw, field, where)):
         entry = _mapping(item, f"{field}[{i}]", where)
-        names.append(_str(entry.get("name"), f"{field}[{i}].name", where))
+        names.append(sys.intern(_str(entry.get("name"), f"{field}[{i}].name", where)))
     return frozenset(names)
 
 

@@ -70,18 +70,27 @@ class Store(Generic[T]):
 
         Keys missing from the list are reported deleted: this is how a delete that happened
         while the watch was down is not lost.
+        Unchanged objects keep the value stored before, so a relist does not leave two equal
+        copies of every record alive (the store's and the one its consumers were given).
+        `raw_items` may be a lazy iterable (the reflector's pages); if it raises, the store
+        is left as it was.
         """
-        fresh = {object_key(o): self._parse(o) for o in raw_items}
-        changes: list[Change[T]] = []
-        for key, old in self._items.items():
-            if key not in fresh:
-                changes.append(Change(key, old, None))
-        for key, new in fresh.items():
+        fresh: dict[str, T] = {}
+        updated: list[Change[T]] = []
+        for o in raw_items:
+            key = object_key(o)
+            if key in fresh:  # listed twice: the last copy wins, reported once
+                updated = [c for c in updated if c.key != key]
+            new = self._parse(o)
             old_value = self._items.get(key)
-            if old_value != new:
-                changes.append(Change(key, old_value, new))
+            if old_value is not None and old_value == new:
+                fresh[key] = old_value
+            else:
+                fresh[key] = new
+                updated.append(Change(key, old_value, new))
+        changes = [Change(k, old, None) for k, old in self._items.items() if k not in fresh]
         self._items = fresh
-        return changes
+        return changes + updated
 
     def apply(self, event: EventType, raw: Mapping[str, Any]) -> Change[T] | None:
         """Apply one ADDED/MODIFIED/DELETED event; return the change, None if nothing changed."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+import orjson
 import pytest
 
 from agent.endpoints import (
@@ -465,3 +466,13 @@ def test_parse_slice_rejects_malformed_input(case: BadCase) -> None:
     with pytest.raises(ValueError, match="EndpointSlice") as info:
         parse_slice(case.obj)
     assert case.message in str(info.value)
+
+
+def test_parse_slice_shares_one_string_per_node_zone_and_namespace() -> None:
+    # orjson makes a new string object for every value, as the reflector's parse does.
+    a, b = (parse_slice(orjson.loads(orjson.dumps(raw_slice()))) for _ in range(2))
+    ea, eb = a.endpoints[0], b.endpoints[0]
+    assert ea.node_name is eb.node_name and ea.zone is eb.zone
+    assert a.namespace is b.namespace
+    assert ea.hints_for_nodes is not None and eb.hints_for_nodes is not None
+    assert next(iter(ea.hints_for_nodes)) is next(iter(eb.hints_for_nodes))

@@ -167,3 +167,64 @@ def test_reflector_retries_http_errors_without_marking_synced(status: int) -> No
     assert restarts[:2] == ["error", "error"]
     assert not reflector.synced.is_set()
     assert store.items() == {}
+
+
+def parse_fresh(obj: Mapping[str, Any]) -> list[int]:
+    """A parser that returns a new (equal) object on every call."""
+    return [parse(obj)]
+
+
+def test_replace_keeps_the_stored_object_for_unchanged_items() -> None:
+    store: Store[list[int]] = Store(parse_fresh)
+    store.replace([svc("a", 80), svc("b", 81)])
+    before = store.get("default/a")
+    changes = store.replace([svc("a", 80, rv="9"), svc("b", 82)])
+    assert changes == [Change("default/b", [81], [82])]
+    assert store.get("default/a") is before  # no second, equal copy kept alive
+
+
+def test_replace_from_a_failing_lazy_list_leaves_the_store_as_it_was() -> None:
+    store: Store[int] = Store(parse)
+    store.replace([svc("a", 80)])
+
+    def pages() -> Iterator[dict[str, Any]]:
+        yield svc("a", 8080)
+        raise ConnectionResetError("page 2 failed")
+
+    with pytest.raises(ConnectionResetError):
+        store.replace(pages())
+    assert store.items() == {"default/a": 80}
+
+
+def test_replace_reports_a_key_listed_twice_once_with_the_last_copy() -> None:
+    store: Store[int] = Store(parse)
+    store.replace([svc("a", 80)])
+    assert store.replace([svc("a", 81), svc("a", 82)]) == [Change("default/a", 80, 82)]
+    assert store.items() == {"default/a": 82}
+
+
+def test_reflector_parses_each_page_before_fetching_the_next() -> None:
+    server = FakeServer(
+        [
+            listing("10", svc("a", 80), svc("b", 81), cont="p2"),
+            listing("11", svc("c", 82)),
+        ]
+    )
+    calls_when_parsed: dict[int, int] = {}
+
+    def parse_counting(obj: Mapping[str, Any]) -> int:
+        calls_when_parsed[parse(obj)] = len(server.calls)
+        return parse(obj)
+
+    store: Store[int] = Store(parse_counting)
+    reflector = Reflector(
+        name="services",
+        list_fn=server,
+        store=store,
+        on_changes=lambda cs: None,
+        backoff=Backoff(initial=0.0, maximum=0.0),
+    )
+    reflector.run(server.stop)
+    assert calls_when_parsed == {80: 1, 81: 1, 82: 2}
+    assert store.items() == {"default/a": 80, "default/b": 81, "default/c": 82}
+    assert server.calls[2]["resource_version"] == "11"  # the watch starts at the list's RV
