@@ -155,6 +155,9 @@ class Agent:
         self._all_dirty = True
         self._retry_at = 0.0
         self._allocated: dict[IPAddress, str] = {}
+        # Allocations depend on Services only: a slice-only change reuses them (they cost
+        # O(all Services) to rebuild, 36 ms of a change's 160 ms CPU at 10k Services).
+        self._services_changed = True
         self._cond = threading.Condition()
         self._gate = EventGate()
         s = cfg.sync
@@ -181,6 +184,7 @@ class Agent:
     def _on_services(self, changes: list[Change[Service | InvalidService]]) -> None:
         with self._cond:
             keys = self._cache.on_services(changes)
+            self._services_changed = True
         self._changed(keys)
 
     def _on_slices(self, changes: list[Change[Slice | BadSlice]]) -> None:
@@ -358,7 +362,10 @@ class Agent:
         Returns the state, the Service keys with problems to report, and the frontend keys
         that may have changed (None when everything was recomputed).
         """
-        allocated = self._allocations()
+        allocated = self._allocated
+        if self._services_changed or everything:
+            allocated = self._allocations()
+            self._services_changed = False
         dirty = set(self._dirty)
         if allocated != self._allocated:
             # externalIP verdicts depend on who holds pool addresses.

@@ -163,3 +163,42 @@ def test_the_status_document_names_the_last_sync_and_every_frontend() -> None:
     agent.step()
     doc = agent.status_document()
     assert doc["lastSync"]["result"] == "error" and doc["lastSync"]["message"] == "nft said no"
+
+
+def test_allocations_are_rebuilt_only_when_a_service_changes(monkeypatch: Any) -> None:
+    agent, dp, _, clock = make_agent()
+    calls: list[int] = []
+    real = agent._allocations
+
+    def counting() -> Any:
+        calls.append(1)
+        return real()
+
+    monkeypatch.setattr(agent, "_allocations", counting)
+    feed_services(agent, svc("web"))
+    agent.step()
+    assert len(calls) == 1
+    store = new_stores()[1]
+    change = store.apply(
+        EventType.ADDED,
+        {
+            "metadata": {
+                "namespace": "ns",
+                "name": "web-1",
+                "labels": {"kubernetes.io/service-name": "web"},
+            },
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": [{"addresses": ["198.19.1.10"], "nodeName": "node-1"}],
+        },
+    )
+    assert change is not None
+    agent._on_slices([change])
+    clock.now += 1
+    agent.step()
+    assert len(dp.syncs) == 2  # the slice change was recomputed and synced ...
+    assert len(calls) == 1  # ... reusing the allocations
+    feed_services(agent, svc("web", ip="198.18.0.201"))
+    clock.now += 1
+    agent.step()
+    assert len(calls) == 2
