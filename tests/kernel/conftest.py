@@ -2,7 +2,8 @@
 
 `lab` is a fresh 2-node × 2-pod lab (client and control plane included) per test; it is
 removed when the test ends, whether it passed, failed or raised. `make_lab` builds labs from
-any LabSpec and removes every one of them at the end of the test.
+any LabSpec and removes every one of them at the end of the test. `speakers` collects the
+VRRP speakers a test starts and stops every one by PID afterwards.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.announce.process import SpeakerProcess
 from agent.lab.topology import Lab, LabSpec
+from agent.lab.vrrp_lab import stop_all
 
 
 @pytest.fixture
@@ -45,3 +48,13 @@ def make_lab(tmp_path: Path) -> Iterator[Callable[[LabSpec], Lab]]:
 def lab(make_lab: Callable[[LabSpec], Lab]) -> Lab:
     """Return a running two-node lab (two pods per node, client, control plane)."""
     return make_lab(LabSpec())
+
+
+@pytest.fixture
+def speakers() -> Iterator[list[SpeakerProcess]]:
+    """Yield a list the test appends its speakers to; every one is stopped by PID after."""
+    started: list[SpeakerProcess] = []
+    try:
+        yield started
+    finally:
+        stop_all(started)

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -32,7 +32,6 @@ from agent.lab.vrrp_lab import (
     neighbour_mac,
     speaker_config,
     start_speaker,
-    stop_all,
 )
 from agent.lab.wait import wait_until
 from agent.model import IPAddress
@@ -64,16 +63,6 @@ def instances(priority: int, *, preempt: bool = True) -> list[InstanceConfig]:
         )
         for f, vip in ((4, VIP4), (6, VIP6))
     ]
-
-
-@pytest.fixture
-def speakers() -> Iterator[list[SpeakerProcess]]:
-    """Yield a list the test appends its speakers to; every one is stopped by PID after."""
-    started: list[SpeakerProcess] = []
-    try:
-        yield started
-    finally:
-        stop_all(started)
 
 
 def now_us() -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ from agent.announce.config import InstanceConfig
 from agent.announce.process import SpeakerProcess
 from agent.lab.keepalived import KEEPALIVED, Keepalived
 from agent.lab.topology import Lab, LabSpec, Node
-from agent.lab.vrrp_lab import holds, link_local, speaker_config, start_speaker, stop_all
+from agent.lab.vrrp_lab import holds, link_local, speaker_config, start_speaker
 from agent.lab.wait import wait_until
 from tests.kernel.test_keepalived_smoke import VIP4, VIP6, VRID, start_peer
 
@@ -29,16 +29,6 @@ pytestmark = [
 ]
 
 TIMEOUT = 20.0
-
-
-@pytest.fixture
-def speakers() -> Iterator[list[SpeakerProcess]]:
-    """Yield a list the test appends its speakers to; every one is stopped by PID after."""
-    started: list[SpeakerProcess] = []
-    try:
-        yield started
-    finally:
-        stop_all(started)
 
 
 def nodelb(lab: Lab, node: Node, priority: int, name: str) -> SpeakerProcess:

@@ -16,7 +16,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 
 import pytest
 
@@ -32,7 +32,6 @@ from agent.lab.vrrp_lab import (
     speaker_config,
     start_capture,
     start_speaker,
-    stop_all,
 )
 from agent.lab.wait import wait_until
 from agent.nft import NetnsNftRunner
@@ -49,16 +48,6 @@ TOLERANCE = 0.2
 LOAD_SECONDS = 4.0
 TIMEOUT = 30.0
 RT_PRIORITY = 10  # as the agent runs it (SpeakerProcess rt_priority, CAP_SYS_NICE)
-
-
-@pytest.fixture
-def speakers() -> Iterator[list[SpeakerProcess]]:
-    """Yield a list the test appends its speakers to; every one is stopped by PID after."""
-    started: list[SpeakerProcess] = []
-    try:
-        yield started
-    finally:
-        stop_all(started)
 
 
 def instances(priority: int) -> list[InstanceConfig]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -32,7 +32,6 @@ from agent.lab.vrrp_lab import (
     speaker_config,
     start_capture,
     start_speaker,
-    stop_all,
 )
 from agent.lab.wait import wait_until
 
@@ -44,16 +43,6 @@ VRID = 9
 INTERVAL_CS = 10
 TIMEOUT = 20.0
 SPOOFS = 20
-
-
-@pytest.fixture
-def speakers() -> Iterator[list[SpeakerProcess]]:
-    """Yield a list the test appends its speakers to; every one is stopped by PID after."""
-    started: list[SpeakerProcess] = []
-    try:
-        yield started
-    finally:
-        stop_all(started)
 
 
 def instances(priority: int) -> list[InstanceConfig]:
