@@ -51,6 +51,7 @@ from agent.allocator.allocation import (
     allocation_order,
 )
 from agent.allocator.events import ExhaustionLimiter
+from agent.allocator.pools import PoolSet
 from agent.allocator.request import IPFamily, ServiceRequest
 from agent.config import ConfigError
 from agent.controller import metrics
@@ -86,6 +87,7 @@ log = logging.getLogger(__name__)
 
 LEASE_NAME = "nodelb-controller"
 MERGE_PATCH = "application/merge-patch+json"
+METRICS_PERIOD = 1.0  # seconds between two exports of the pool gauges
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +154,7 @@ class Controller:
         self._config: ControllerConfig | None = None
         self._config_digest = b""
         self._next_reload = 0.0
+        self._next_metrics = 0.0
         self.services: Store[ServiceView] = Store(self._parse_view)
         self.namespaces: Store[tuple[tuple[str, str], ...]] = Store(namespace_labels)
         self.reports: Store[NodeReport] = Store(parse_report)
@@ -254,7 +257,6 @@ class Controller:
             self._writer.shutdown(wait=True, cancel_futures=True)
 
     def _iterate(self, stop: threading.Event) -> None:
-        now = time.monotonic()
         with self._cond:
             if not (
                 self._dirty
@@ -298,7 +300,7 @@ class Controller:
                     self._dirty.update(keys)
                 return
             self._process(key, views[key])
-        self._export_pool_metrics()
+        self._export_pool_metrics(time.monotonic())
 
     def _next_wake(self) -> float:
         now = time.monotonic()
@@ -504,19 +506,22 @@ class Controller:
         keys: set[str] = set()
         for ip in changed:
             keys.update(self._allocator.holders_of(ip))
-        held = self._allocator.allocations()
-        metrics.UNHELD_IPS.set(sum(1 for ip in held if ip not in serving))
         return keys
 
     def _schedule_report_check(self, at: float) -> None:
         self._retry(_REPORTS, at)
 
-    def _export_pool_metrics(self) -> None:
+    def _export_pool_metrics(self, now: float) -> None:
+        """Set the pool and unheld-IP gauges, at most once a second: they walk every held
+        address, which per iteration would make a burst of N new Services cost O(N²)."""
+        if now < self._next_metrics:
+            return
+        self._next_metrics = now + METRICS_PERIOD
         assert self._allocator is not None
-        for pool, family, size, used in pool_usage(self._allocator):
+        held = list(self._allocator.allocations())
+        for pool, family, size, used in pool_usage(self._allocator.pools, held):
             metrics.POOL_ADDRESSES.labels(pool, family).set(size)
             metrics.POOL_IN_USE.labels(pool, family).set(used)
-        held = self._allocator.allocations()
         metrics.UNHELD_IPS.set(sum(1 for ip in held if ip not in self._serving))
 
 
@@ -532,11 +537,10 @@ def _in_allocation_order(views: dict[str, ServiceView | None]) -> list[str]:
     return gone + [r.key for r in parsed] + broken
 
 
-def pool_usage(allocator: Allocator) -> list[tuple[str, str, int, int]]:
-    """Return (pool, family, size, addresses in use) for every pool and family it has."""
-    held = list(allocator.allocations())
+def pool_usage(pools: PoolSet, held: list[IPAddress]) -> list[tuple[str, str, int, int]]:
+    """Return (pool, family, size, addresses of `held` in it) for every pool and family."""
     out = []
-    for pool in allocator.pools.pools:
+    for pool in pools.pools:
         for version in sorted(pool.families()):
             family = IPFamily.IPV4 if version == 4 else IPFamily.IPV6
             used = sum(1 for ip in held if ip.version == version and pool.contains(ip))
