@@ -20,7 +20,7 @@ from kubernetes import client
 from agent import logs, memory, status
 from agent.announce.announcer import Announcer
 from agent.announce.inputs import SOURCES_ANNOTATION
-from agent.config import ConfigError, load_config
+from agent.config import AgentConfig, ConfigError, load_config
 from agent.conntrack import ToolConntrackRunner
 from agent.controller.leader import ElectionTiming
 from agent.controller.reports import REPORT_LABEL, REPORT_LABEL_VALUE
@@ -185,7 +185,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return 0
 
 
-def node_reporter(api: Any, cfg: Any, announcer: Announcer) -> NodeReporter:
+def node_reporter(api: Any, cfg: AgentConfig, announcer: Announcer) -> NodeReporter:
     """Return the reporter of this node's served IPs, publishing its VRRP advert sources."""
     duration = cfg.announce.report_lease_seconds
     return NodeReporter(
@@ -198,7 +198,7 @@ def node_reporter(api: Any, cfg: Any, announcer: Announcer) -> NodeReporter:
     )
 
 
-def report_list_fn(api: Any, cfg: Any) -> Any:
+def report_list_fn(api: Any, cfg: AgentConfig) -> Any:
     """Return the list call for the node report Leases (the announcer's IPv6 peers)."""
     return functools.partial(
         client.CoordinationV1Api(api).list_namespaced_lease,
