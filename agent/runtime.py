@@ -28,6 +28,7 @@ from agent.announce.inputs import (
 )
 from agent.cache import BadSlice, ClusterCache, new_stores
 from agent.config import AgentConfig
+from agent.controller.reports import report_node
 from agent.desired import (
     NodeView,
     PolicyView,
@@ -82,9 +83,8 @@ class AnnouncerLike(Protocol):
 def report_sources(obj: Mapping[str, Any]) -> tuple[str, tuple[IPAddress, ...]]:
     """Return (node, VRRP advert sources) from a node report Lease."""
     meta = obj.get("metadata") or {}
-    node = str((obj.get("spec") or {}).get("holderIdentity") or meta.get("name", ""))
     text = str((meta.get("annotations") or {}).get(SOURCES_ANNOTATION) or "")
-    return node, parse_sources(text)
+    return report_node(obj), parse_sources(text)
 
 
 @dataclass(frozen=True, slots=True)

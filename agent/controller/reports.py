@@ -48,11 +48,18 @@ def lease_name(node: str) -> str:
     return f"{NAME_PREFIX}{node}"
 
 
+def report_node(obj: Mapping[str, Any]) -> str:
+    """Return the node a report Lease speaks for (its holder, else from its name)."""
+    meta = obj.get("metadata") or {}
+    holder = (obj.get("spec") or {}).get("holderIdentity")
+    return str(holder or str(meta.get("name", "")).removeprefix(NAME_PREFIX))
+
+
 def parse_report(obj: Mapping[str, Any]) -> NodeReport:
     """Return the report carried by a raw Lease object (never raises)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
-    node = str(spec.get("holderIdentity") or meta.get("name", "").removeprefix(NAME_PREFIX))
+    node = report_node(obj)
     expires = None
     renewed = spec.get("renewTime")
     try:
