@@ -1,7 +1,7 @@
 """This node's DesiredState from the cluster's Services, EndpointSlices and Nodes (pure).
 
 `service_frontends` turns one Service (and its slices) into the frontends this node programs
-plus the problems worth an Event; `assemble` joins every Service's result into one
+plus the problems worth an Event; agent/assembly.py joins every Service's result into one
 DesiredState, settling conflicts (two Services claiming one IP:port: the older keeps it).
 The agent recomputes only the Services that changed and reuses the other results, so a
 change to one Service costs one Service's work.
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.endpoints import IPFamily, PortKey, ServiceEndpoint, Slice, merge_slices
-from agent.model import DesiredState, Endpoint, Frontend, FrontendKey, IPAddress, IPNetwork
+from agent.model import Endpoint, Frontend, FrontendKey, IPAddress, IPNetwork
 from agent.policy import check_external_ips, classify, is_ours
 from agent.selection import select
 from agent.services import InvalidService, Service
@@ -155,51 +155,4 @@ def service_frontends(
         frontends=tuple(frontends),
         lb_ips=lb_ips,
         problems=tuple(problems),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Assembly:
-    """The DesiredState, plus the conflict problems found while assembling, by Service key."""
-
-    desired: DesiredState
-    conflicts: dict[str, tuple[Problem, ...]]
-
-
-def assemble(
-    results: Iterable[ServiceResult],
-    *,
-    held_ips: frozenset[IPAddress],
-    local_cidrs: tuple[IPNetwork, ...],
-) -> Assembly:
-    """Return the DesiredState for every Service's result.
-
-    When two Services claim the same (IP, protocol, port), the older Service (creation time,
-    then UID) keeps it and the other gets a FRONTEND_CONFLICT problem; nothing is programmed
-    twice. `held_ips` are the IPs this node holds (only those of programmed frontends count).
-    """
-    ordered = sorted(results, key=lambda r: (r.created, r.uid, r.key))
-    frontends: dict[FrontendKey, Frontend] = {}
-    conflicts: dict[str, list[Problem]] = {}
-    for result in ordered:
-        for fe in result.frontends:
-            owner = frontends.get(fe.key)
-            if owner is not None and owner.service != fe.service:
-                conflicts.setdefault(result.key, []).append(
-                    Problem(
-                        ProblemReason.FRONTEND_CONFLICT,
-                        f"{fe.key.ip} {fe.key.protocol.value.upper()}/{fe.key.port} is already "
-                        f"served for {owner.service}",
-                    )
-                )
-                continue
-            frontends[fe.key] = fe
-    programmed_ips = {key.ip for key in frontends}
-    return Assembly(
-        desired=DesiredState(
-            frontends=frontends,
-            held_ips=frozenset(ip for ip in held_ips if ip in programmed_ips),
-            local_cidrs=local_cidrs,
-        ),
-        conflicts={k: tuple(v) for k, v in conflicts.items()},
     )

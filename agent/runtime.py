@@ -23,9 +23,11 @@ from agent.announce.inputs import (
     SOURCES_ANNOTATION,
     OwnershipInput,
     ip_uses,
+    local_nodes,
     node_states,
     parse_sources,
 )
+from agent.assembly import FrontendIndex
 from agent.cache import BadSlice, ClusterCache, new_stores
 from agent.config import AgentConfig
 from agent.controller.reports import report_node
@@ -34,12 +36,11 @@ from agent.desired import (
     PolicyView,
     Problem,
     ProblemReason,
-    ServiceResult,
-    assemble,
     service_frontends,
 )
 from agent.endpoints import Slice
 from agent.healthcheck import HealthAnswer, answer_for, answers_by_port
+from agent.ip_owners import IPOwners
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
 from agent.kube.reflector import ListFn, Reflector
 from agent.kube.store import Change, Store
@@ -150,14 +151,14 @@ class Agent:
         self._health: dict[str, tuple[int, HealthAnswer]] = {}
         self._health_served: dict[int, HealthAnswer] = {}
         self._cache = ClusterCache(cfg.node_name)
-        self._results: dict[str, ServiceResult] = {}
+        self._index = FrontendIndex()  # every Service's result, joined incrementally
         self._dirty: set[str] = set()
         self._all_dirty = True
         self._retry_at = 0.0
-        self._allocated: dict[IPAddress, str] = {}
-        # Allocations depend on Services only: a slice-only change reuses them (they cost
-        # O(all Services) to rebuild, 36 ms of a change's 160 ms CPU at 10k Services).
-        self._services_changed = True
+        self._owners = IPOwners()  # our LoadBalancer IPs by Service, for externalIP checks
+        # What the last ownership input was built from (see _submit_ownership).
+        self._ownership_nodes: tuple[Node, ...] | None = None
+        self._ownership_views: dict[str, tuple[object, ...]] = {}
         self._cond = threading.Condition()
         self._gate = EventGate()
         s = cfg.sync
@@ -184,8 +185,21 @@ class Agent:
     def _on_services(self, changes: list[Change[Service | InvalidService]]) -> None:
         with self._cond:
             keys = self._cache.on_services(changes)
-            self._services_changed = True
+            for c in changes:
+                keys |= self._note_owner(c.key, c.new)
         self._changed(keys)
+
+    def _note_owner(self, key: str, svc: Service | InvalidService | None) -> set[str]:
+        """Record which LoadBalancer IPs `svc` owns; return the Services to recompute for it."""
+        if not isinstance(svc, Service):
+            return self._owners.update(key, age=("", "", key))
+        kind = classify(svc, lb_class=self.cfg.lb_class, handle_classless=self.cfg.handle_classless)
+        return self._owners.update(
+            key,
+            age=(svc.created, svc.uid, key),
+            lb_ips=svc.ingress_ips if is_ours(kind) else (),
+            external_ips=svc.external_ips,
+        )
 
     def _on_slices(self, changes: list[Change[Slice | BadSlice]]) -> None:
         with self._cond:
@@ -197,6 +211,8 @@ class Agent:
             mine = self._cache.on_nodes(changes)
         if mine:
             self._changed(set(), everything=True)
+        elif self._announcer is not None:
+            self._changed(set())  # other nodes' readiness and labels decide ownership
 
     def ingest(
         self,
@@ -341,19 +357,6 @@ class Agent:
             pool_networks=tuple(n for p in self.cfg.pools for n in p.networks),
         )
 
-    def _allocations(self) -> dict[IPAddress, str]:
-        """Return pool-backed LoadBalancer IPs by the Service they are allocated to."""
-        out: dict[IPAddress, str] = {}
-        for svc in self._cache.services.values():
-            if isinstance(svc, Service) and is_ours(
-                classify(
-                    svc, lb_class=self.cfg.lb_class, handle_classless=self.cfg.handle_classless
-                )
-            ):
-                for ip in svc.ingress_ips:
-                    out.setdefault(ip, svc.key)
-        return out
-
     def _recompute(
         self, *, everything: bool
     ) -> tuple[DesiredState, set[str], set[FrontendKey] | None]:
@@ -362,33 +365,21 @@ class Agent:
         Returns the state, the Service keys with problems to report, and the frontend keys
         that may have changed (None when everything was recomputed).
         """
-        allocated = self._allocated
-        if self._services_changed or everything:
-            allocated = self._allocations()
-            self._services_changed = False
         dirty = set(self._dirty)
-        if allocated != self._allocated:
-            # externalIP verdicts depend on who holds pool addresses.
-            dirty |= {
-                k
-                for k, s in self._cache.services.items()
-                if isinstance(s, Service) and s.external_ips
-            }
-            self._allocated = allocated
         if everything:
-            dirty |= set(self._cache.services) | set(self._results)
+            dirty |= set(self._cache.services) | set(self._index.results)
         node = self._cache.this_node()
         view = NodeView(name=self.cfg.node_name, zone=node.zone if node else None)
         policy = self._policy()
         changed: set[FrontendKey] = set()
         for key in dirty:
-            previous = self._results.get(key)
+            previous = self._index.results.get(key)
             if previous is not None:
                 changed.update(fe.key for fe in previous.frontends)
             svc = self._cache.services.get(key)
             self._health.pop(key, None)
             if svc is None:
-                self._results.pop(key, None)
+                self._index.remove(key)
                 continue
             if self._on_health is not None and isinstance(svc, Service):
                 self._note_health(svc)
@@ -397,39 +388,68 @@ class Agent:
                 self._cache.slices_of(key),
                 node=view,
                 policy=policy,
-                allocated_to=allocated,
+                allocated_to=self._owners.owners,
             )
             bad = self._cache.bad_slices_of(key)
             if bad:
                 extra = tuple(Problem(ProblemReason.INVALID_SERVICE, b.reason) for b in bad)
                 result = dataclasses.replace(result, problems=result.problems + extra)
-            self._results[key] = result
+            self._index.put(result)
             changed.update(fe.key for fe in result.frontends)
         self._dirty.clear()
         self._all_dirty = False
-        held: frozenset[IPAddress] = frozenset()
+        held: frozenset[IPAddress] | None = frozenset()  # None: every IP with a frontend
         if self._announcer is not None:
             held = self._announcer.held()
-            self._submit_ownership()
+            self._submit_ownership(dirty)
         elif self.cfg.serve_all_ips:
-            held = frozenset(ip for r in self._results.values() for ip in r.lb_ips)
+            held = None
         local = self.cfg.local_cidrs or (node.pod_cidrs if node else ())
-        assembly = assemble(self._results.values(), held_ips=held, local_cidrs=local)
-        problems = {k: r.problems for k in dirty if (r := self._results.get(k)) and r.problems}
+        assembly = self._index.snapshot(held_ips=held, local_cidrs=local)
+        results = self._index.results
+        problems = {k: r.problems for k in dirty if (r := results.get(k)) and r.problems}
         for key, conflicts in assembly.conflicts.items():
             problems[key] = problems.get(key, ()) + conflicts
         self.status.problems = problems
-        self.status.services = len(self._results)
-        metrics.SERVICES_HANDLED.set(len(self._results))
+        self.status.services = len(results)
+        metrics.SERVICES_HANDLED.set(len(results))
         return assembly.desired, set(problems), (None if everything else changed)
 
-    def _submit_ownership(self) -> None:
-        """Hand the announcer what ownership is planned from (lock held; it plans elsewhere)."""
+    def _ownership_view(self, key: str) -> tuple[object, ...] | None:
+        """Return what of Service `key` the ownership plan depends on (None: nothing)."""
+        result = self._index.results.get(key)
+        svc = self._cache.services.get(key)
+        if result is None or not result.lb_ips or not isinstance(svc, Service):
+            return None
+        if not svc.local_policy:
+            return (result.lb_ips, False)
+        slices = self._cache.slices_of(key)
+        return (result.lb_ips, True, local_nodes(slices, 4), local_nodes(slices, 6))
+
+    def _submit_ownership(self, dirty: set[str]) -> None:
+        """Hand the announcer what ownership is planned from (lock held; it plans elsewhere).
+
+        Only when something the plan depends on moved: building the input and planning cost
+        O(Services), and most changes (an endpoint replaced in a Cluster-policy Service, a
+        Local one keeping its nodes) leave every IP's eligible nodes as they were.
+        """
         assert self._announcer is not None
-        services = {k: s for k, s in self._cache.services.items() if isinstance(s, Service)}
-        served = {k: r.lb_ips for k, r in self._results.items() if r.lb_ips}
-        slices = {k: self._cache.slices_of(k) for k in served if services[k].local_policy}
         nodes = tuple(sorted(self._cache.nodes.values(), key=lambda n: n.name))
+        moved = nodes != self._ownership_nodes
+        for key in dirty:
+            view = self._ownership_view(key)
+            if view != self._ownership_views.get(key):
+                moved = True
+                if view is None:
+                    del self._ownership_views[key]
+                else:
+                    self._ownership_views[key] = view
+        if not moved:
+            return
+        self._ownership_nodes = nodes
+        services = {k: s for k, s in self._cache.services.items() if isinstance(s, Service)}
+        served = {k: r.lb_ips for k, r in self._index.results.items() if r.lb_ips}
+        slices = {k: self._cache.slices_of(k) for k in served if services[k].local_policy}
         inp = OwnershipInput(node_states(nodes), ip_uses(served, services, slices))
         self._announcer.submit(inp, nodes)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from agent.assembly import assemble
 from agent.desired import (
     NodeView,
     PolicyView,
     ProblemReason,
     ServiceResult,
-    assemble,
     service_frontends,
 )
 from agent.endpoints import parse_slice

@@ -8,12 +8,14 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
+from agent.announce.inputs import OwnershipInput
 from agent.cache import new_stores
-from agent.config import AgentConfig, SyncTiming
+from agent.config import AgentConfig, Pool, SyncTiming
 from agent.kube.events import ListSink
 from agent.kube.store import EventType
-from agent.model import DesiredState, FrontendKey
+from agent.model import DesiredState, FrontendKey, IPAddress, Protocol
 from agent.runtime import Agent, ListFns
+from agent.services import Node
 
 
 @dataclass
@@ -165,40 +167,137 @@ def test_the_status_document_names_the_last_sync_and_every_frontend() -> None:
     assert doc["lastSync"]["result"] == "error" and doc["lastSync"]["message"] == "nft said no"
 
 
-def test_allocations_are_rebuilt_only_when_a_service_changes(monkeypatch: Any) -> None:
-    agent, dp, _, clock = make_agent()
-    calls: list[int] = []
-    real = agent._allocations
-
-    def counting() -> Any:
-        calls.append(1)
-        return real()
-
-    monkeypatch.setattr(agent, "_allocations", counting)
-    feed_services(agent, svc("web"))
-    agent.step()
-    assert len(calls) == 1
-    store = new_stores()[1]
-    change = store.apply(
-        EventType.ADDED,
-        {
-            "metadata": {
-                "namespace": "ns",
-                "name": "web-1",
-                "labels": {"kubernetes.io/service-name": "web"},
-            },
-            "addressType": "IPv4",
-            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-            "endpoints": [{"addresses": ["198.19.1.10"], "nodeName": "node-1"}],
-        },
+def test_an_external_ip_follows_its_pool_address_owner_without_touching_others() -> None:
+    pool = ipaddress.ip_network("198.18.0.0/24")
+    cfg = AgentConfig(
+        node_name="node-1",
+        external_ip_cidrs=(pool,),
+        pools=(Pool("lab", (pool,)),),
+        sync=SyncTiming(min_interval=0.1, full_resync_period=300, drift_check_period=60),
     )
-    assert change is not None
-    agent._on_slices([change])
+    dp, clock = FakeDataplane(), Clock()
+    agent = Agent(
+        cfg, dataplane=dp, events=ListSink(), lists=ListFns(unused, unused, unused), clock=clock
+    )
+    web = svc("web", ip="198.18.0.200")
+    web["spec"]["externalIPs"] = ["198.18.0.201"]
+    web["metadata"]["creationTimestamp"] = "2026-02-01T00:00:00Z"
+    feed_services(agent, web, svc("other", ip="198.18.0.202"))
+    agent.step()
+    ext = FrontendKey(ipaddress.ip_address("198.18.0.201"), Protocol.TCP, 80)
+    assert ext not in dp.syncs[-1][0].frontends  # in the pool, allocated to nobody
+    assert "ExternalIPRefused" in [p.reason for p in agent.status.problems["ns/web"]]
+    # web is given the address as well: now it owns it, and its externalIP is accepted.
+    web["status"]["loadBalancer"]["ingress"].append({"ip": "198.18.0.201"})
+    feed_services(agent, web)
     clock.now += 1
     agent.step()
-    assert len(dp.syncs) == 2  # the slice change was recomputed and synced ...
-    assert len(calls) == 1  # ... reusing the allocations
-    feed_services(agent, svc("web", ip="198.18.0.201"))
+    assert dp.syncs[-1][0].frontends[ext].service == "ns/web"
+    assert "ns/web" not in agent.status.problems
+    # An older Service listing the address owns it now: web is recomputed without a change of
+    # its own (its externalIP is refused again), and only the two Services' frontends are
+    # offered to the dataplane as changed ("other" is left alone).
+    older = svc("older", port=81, ip="198.18.0.201")
+    older["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    feed_services(agent, older)
     clock.now += 1
     agent.step()
-    assert len(calls) == 2
+    assert "ExternalIPRefused" in [p.reason for p in agent.status.problems["ns/web"]]
+    hint = dp.hints[-1]
+    assert hint is not None
+    assert {(str(k.ip), k.port) for k in hint} == {
+        ("198.18.0.200", 80),
+        ("198.18.0.201", 80),
+        ("198.18.0.201", 81),
+    }
+
+
+@dataclass
+class FakeAnnouncer:
+    inputs: list[OwnershipInput] = field(default_factory=list)
+
+    def submit(self, inp: OwnershipInput, nodes: tuple[Node, ...]) -> None:
+        self.inputs.append(inp)
+
+    def held(self) -> frozenset[IPAddress]:
+        return frozenset()
+
+    def report(self, programmed: frozenset[IPAddress]) -> None:
+        pass
+
+    def set_reported_sources(self, reported: Any) -> None:
+        pass
+
+    def instances(self) -> list[dict[str, Any]]:
+        return []
+
+
+def slice_change(service: str, node: str, addr: str, *, ready: bool = True) -> Any:
+    raw = {
+        "metadata": {
+            "namespace": "ns",
+            "name": f"{service}-1",
+            "labels": {"kubernetes.io/service-name": service},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [addr], "nodeName": node, "conditions": {"ready": ready}}],
+    }
+    store = new_stores()[1]
+    return store.apply(EventType.ADDED, raw)
+
+
+def node_change(name: str, ready: bool) -> Any:
+    raw = {
+        "metadata": {"name": name},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+    return new_stores()[2].apply(EventType.ADDED, raw)
+
+
+def test_ownership_is_replanned_only_when_an_ip_s_eligible_nodes_may_have_moved() -> None:
+    announcer = FakeAnnouncer()
+    cfg = AgentConfig(
+        node_name="node-1",
+        sync=SyncTiming(min_interval=0.1, full_resync_period=300, drift_check_period=60),
+    )
+    dp, clock = FakeDataplane(), Clock()
+    agent = Agent(
+        cfg,
+        dataplane=dp,
+        events=ListSink(),
+        lists=ListFns(unused, unused, unused),
+        clock=clock,
+        announcer=announcer,
+    )
+    local = svc("local", ip="198.18.0.201")
+    local["spec"]["externalTrafficPolicy"] = "Local"
+    feed_services(agent, svc("web"), local)
+    agent._on_nodes([node_change("node-1", True), node_change("node-2", True)])
+    agent.step()
+    assert len(announcer.inputs) == 1
+
+    def step_with(changes: list[Any]) -> None:
+        agent._on_slices(changes)
+        clock.now += 1
+        agent.step()
+
+    step_with([slice_change("web", "node-1", "198.19.1.10")])  # Cluster policy: no replan
+    assert len(announcer.inputs) == 1
+    step_with([slice_change("local", "node-2", "198.19.2.10")])  # node-2 becomes eligible
+    assert len(announcer.inputs) == 2
+    step_with([slice_change("local", "node-2", "198.19.2.11")])  # same node, new pod
+    assert len(announcer.inputs) == 2
+    step_with([slice_change("local", "node-2", "198.19.2.11", ready=False)])
+    assert len(announcer.inputs) == 3
+    (use,) = [u for u in announcer.inputs[-1].ips if str(u.ip) == "198.18.0.201"]
+    assert use.services[0].local_nodes == frozenset()
+    # Another node's readiness is an input too, although this node's state is unchanged.
+    agent._on_nodes([node_change("node-2", False)])
+    clock.now += 1
+    agent.step()
+    assert len(announcer.inputs) == 4
+    assert {(n.name, n.ready) for n in announcer.inputs[-1].nodes} == {
+        ("node-1", True),
+        ("node-2", False),
+    }
