@@ -19,6 +19,8 @@ Phases, each reporting VmRSS and VmHWM (the peak is reset at the start of each p
             MODIFIED event, waiting for each to reach the dataplane's mirror;
 - relist:   both Services and EndpointSlices relisted (a 410 Gone on their watches);
 - resync:   one more full sync (`Dataplane.request_full`, as the periodic resync does);
+- drift check: the table read back and compared with the mirror (`Dataplane.check_drift`,
+            what the agent does every `driftCheckPeriod`);
 - steady:   after a gc.collect().
 
 Then the deep size of the main structures (reflector stores, cluster cache, per-Service
@@ -475,6 +477,12 @@ def run_child(services: int, endpoints: int, changes: int, ns: str, traced: bool
         dp.wait(lambda: dp.modes.get("full", 0) > fulls, "the full resync", timeout=600)
         phases.append(Phase("resync", *proc_mem_mb(), time.monotonic() - t0))
 
+        reset_peak()
+        t0 = time.monotonic()
+        if dp.inner.check_drift():
+            raise SystemExit("the drift check found drift in a table nothing else touched")
+        phases.append(Phase("drift check", *proc_mem_mb(), time.monotonic() - t0))
+
         gc.collect()
         phases.append(Phase("steady", *proc_mem_mb(), 0.0))
         figs = ChildFigures(services, endpoints, changes, phases, sync_modes=dict(dp.modes))
@@ -484,7 +492,7 @@ def run_child(services: int, endpoints: int, changes: int, ns: str, traced: bool
             [
                 ("reflector stores", stores),
                 ("cluster cache", agent._cache),
-                ("service results", agent._results),
+                ("service results", agent._index.results),
                 ("desired state (last synced)", agent._last_desired),
                 ("dataplane mirror", dp.inner.mirror),
                 ("dataplane kernel objects", dp.inner._kernel),
