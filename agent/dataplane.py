@@ -33,7 +33,7 @@ from agent import metrics
 from agent.backoff import Backoff
 from agent.conntrack import ConntrackRunner, delete_stale_udp, removed_udp_endpoints
 from agent.model import DesiredState, FrontendKey
-from agent.nft import NftError, NftRunner
+from agent.nft import NftError, NftRunner, release_memory
 from agent.nftnl import ElementSender, element_ops, ops_summary
 from rules import layout as L
 from rules.delta import delta
@@ -352,6 +352,8 @@ class Dataplane:
             return False
         have = from_json(self._runner.list_table(L.TABLE_FAMILY, L.TABLE_NAME))
         diffs = expected(mirror, mark=self._mark).differences(have)
+        del have
+        release_memory()  # the read-back's objects are gone: give their pages back
         if not diffs:
             return False
         with self._lock:
