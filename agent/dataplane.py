@@ -17,6 +17,13 @@ resync. `check_drift` reads the table back, compares it with the mirror (rules/r
 and repairs any difference with a full resync. After a successful sync, stale UDP conntrack
 entries that point at removed endpoints are deleted (agent/conntrack.py).
 
+With an ElementSender (agent/nftnl.py), element-only partial syncs go out as one raw netlink
+batch, and an in-place full sync is split: objects and rules through libnftables, the
+content of every encodable set as one netlink batch (flushes and additions), then the stale
+objects' removal (`nftnl.split_full` says why each state in between is safe). libnftables
+would parse the 100k elements of a 10k-Service table into ~250 MB of heap; the batch costs
+a few MB. The table-replacing shape (after drift) stays one libnftables transaction.
+
 The applier only ever names its own table; it never flushes the ruleset.
 """
 
@@ -34,7 +41,14 @@ from agent.backoff import Backoff
 from agent.conntrack import ConntrackRunner, delete_stale_udp, removed_udp_endpoints
 from agent.model import DesiredState, FrontendKey
 from agent.nft import NftError, NftRunner, release_memory
-from agent.nftnl import ElementSender, element_ops, ops_summary
+from agent.nftnl import (
+    ElementBatch,
+    ElementSender,
+    FullSplit,
+    element_ops,
+    ops_summary,
+    split_full,
+)
 from rules import layout as L
 from rules.delta import delta
 from rules.plan import RenderError
@@ -235,7 +249,7 @@ class Dataplane:
                 self._next_attempt_at = None
                 return SyncResult(SyncOutcome.UNCHANGED, SyncMode.NONE, self._clock() - start)
             try:
-                self._send(tx, mode)
+                self._send(tx, mode, desired)
             except NftError as exc:
                 if mode is SyncMode.FULL:
                     self._kernel_known = False
@@ -262,14 +276,19 @@ class Dataplane:
                 SyncOutcome.APPLIED, mode, duration, len(tx.ops), conntrack_deleted=cleared
             )
 
-    def _send(self, tx: Transaction, mode: SyncMode) -> None:
+    def _send(self, tx: Transaction, mode: SyncMode, desired: DesiredState) -> None:
         """Apply `tx`: element-only partial syncs as a netlink batch when an ElementSender is
         set (agent/nftnl.py: no libnftables cache fetch), everything else, and a batch the
         kernel refused, through the runner. Raises NftError if the runner refuses."""
+        if mode is SyncMode.FULL and self._fast is not None:
+            split = split_full(tx)
+            if split is not None:
+                self._send_split(split, desired)
+                return
         ops = element_ops(tx) if self._fast is not None and mode is SyncMode.PARTIAL else None
         if ops is not None and self._fast is not None:
             try:
-                self._fast.apply(ops)
+                self._fast.apply(ElementBatch(tx.ops, ops))
                 self.fast_applied += 1
                 return
             except NftError as exc:
@@ -279,6 +298,30 @@ class Dataplane:
                     "netlink element batch (%s) failed, using nft: %s", ops_summary(ops), exc
                 )
         self._runner.run(tx.text())
+
+    def _send_split(self, split: FullSplit, desired: DesiredState) -> None:
+        """Apply a full in-place transaction as structure (libnftables), every element
+        (one netlink batch), then cleanup (libnftables): see nftnl.split_full.
+
+        libnftables parses a 100k-element transaction into ~250 MB of heap; the elements as
+        one netlink batch cost a few MB. If the element batch is refused, the structure is
+        already in, so the whole table is rendered against it and sent through libnftables.
+        Raises NftError if the runner refuses.
+        """
+        assert self._fast is not None
+        self._runner.run(split.structure.text())
+        try:
+            self._fast.apply(ElementBatch(split.elements))
+        except NftError as exc:
+            self.fast_fallbacks += 1
+            metrics.NFT_FAST_PATH_FALLBACKS.inc()
+            log.warning("netlink full element batch failed, using nft: %s", exc)
+            mid = objects_after(self._kernel, split.structure)
+            self._runner.run(render(desired, mark=self._mark, existing=mid).text())
+            return
+        self.fast_applied += 1
+        if split.cleanup.ops:
+            self._runner.run(split.cleanup.text())
 
     def _failed(
         self, outcome: SyncOutcome, mode: SyncMode, start: float, ops: int, error: str

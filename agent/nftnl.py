@@ -27,6 +27,11 @@ Two parts:
   kernel's acknowledgement of every message; any error raises NftError and nothing is
   applied (the kernel aborts the whole batch).
 
+Full syncs use it too: `split_full` cuts an in-place full transaction into its structure
+(libnftables), the elements of every encodable set (one batch: each set flushed, then filled;
+a large op takes several messages, and the socket's send buffer grows to hold the batch, as
+nft's does), and the stale objects' removal (libnftables).
+
 Flags match nft's: `add element` is NEWSETELEM with NLM_F_CREATE (an identical element that
 exists is fine; the same key with other data is refused), `delete element` is DELSETELEM
 (a missing element is refused with ENOENT). Every message also carries NLM_F_ACK so that the
@@ -41,7 +46,7 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -57,6 +62,7 @@ NLM_F_CREATE = 0x400
 NLMSG_ERROR = 0x2
 NLA_F_NESTED = 0x8000
 NETLINK_CAP_ACK = 10
+SO_SNDBUFFORCE = 32  # asm-generic/socket.h
 SOL_NETLINK = 270
 NFNL_MSG_BATCH_BEGIN = 0x10
 NFNL_MSG_BATCH_END = 0x11
@@ -92,11 +98,11 @@ MAX_FAST_ELEMENTS = 1000
 """Transactions with more elements go through libnftables (`element_ops` returns None): they
 are not the one-change case this path is for, and must stay under MAX_BATCH_BYTES."""
 
-MAX_BATCH_BYTES = 128 * 1024
-"""Larger batches go through libnftables: one batch must fit in one sendmsg (the socket's
-send buffer, 208 KiB by default)."""
+MAX_MESSAGE_BYTES = 60 * 1024
+"""An op's elements are split into messages of at most this many bytes of elements: the
+NFTA_SET_ELEM_LIST_ELEMENTS attribute's length is 16 bits (nft splits them the same way)."""
 
-Verb = Literal["add", "delete"]
+Verb = Literal["add", "delete", "flush"]
 Field = Literal["addr", "proto", "port", "index", "net"]
 
 
@@ -129,9 +135,10 @@ class Element:
 
 @dataclass(frozen=True, slots=True)
 class ElementOp:
-    """One `add element` or `delete element` command on the nodelb table's set `set_name`.
+    """One `add element`, `delete element` or `flush` command on the nodelb table's set
+    `set_name`.
 
-    `elements` hold keys already encoded as the kernel stores them.
+    `elements` hold keys already encoded as the kernel stores them (none for a flush).
     """
 
     verb: Verb
@@ -317,6 +324,86 @@ def element_ops(tx: Transaction) -> list[ElementOp] | None:
     return ops
 
 
+@dataclass(frozen=True, slots=True)
+class FullSplit:
+    """A full in-place transaction cut in three for the fast path (see `split_full`)."""
+
+    structure: Transaction  # libnftables: objects, rules, and the sets it must fill itself
+    elements: tuple[Op, ...]  # netlink, one batch: flushes and element additions
+    cleanup: Transaction  # libnftables: the objects nothing uses any more (may be empty)
+
+
+def split_full(tx: Transaction) -> FullSplit | None:
+    """Cut a full in-place transaction (rules/render.render) so that its elements can go as
+    one netlink batch; None for the table-replacing shape, or when no element is encodable.
+
+    The in-place shape is: the table's objects and rules (with flushes of what exists), then
+    the elements, then the flushes and deletions of stale objects. Sent as three batches in
+    that order, every state in between is one a packet may see safely: after the first, the
+    old elements are still there and every chain they name still exists (new objects are
+    only added; chains are rewritten with what their names say); the second replaces the
+    content of every encodable set at once (flush + add in one batch); the third removes
+    objects no element names any more. Sets the encoder does not know (`local` intervals)
+    keep their flush and elements in the first batch.
+    """
+    structure: list[Op] = []
+    elements: list[Op] = []
+    cleanup: list[Op] = []
+    seen_elements = False
+    for op in tx.ops:
+        kind, _, rest = op.obj.partition(" ")
+        name = rest[len(L.TABLE) + 1 :].split(" ", 1)[0] if rest.startswith(L.TABLE) else ""
+        if kind == "table" and op.verb == "delete":
+            return None  # the replacing shape: one libnftables batch
+        encodable = set_shape(name) is not None
+        if kind == "element":
+            seen_elements = True
+            (elements if encodable else structure).append(op)
+        elif seen_elements:
+            cleanup.append(op)
+        elif op.verb == "flush" and kind in ("set", "map") and encodable:
+            elements.append(op)
+        else:
+            structure.append(op)
+    if not any(op.obj.startswith("element ") for op in elements):
+        return None
+    flushes = [op for op in elements if op.verb == "flush"]
+    adds = [op for op in elements if op.verb != "flush"]
+    return FullSplit(Transaction(tuple(structure)), (*flushes, *adds), Transaction(tuple(cleanup)))
+
+
+def parse_elements(ops: Iterable[Op]) -> Iterator[ElementOp]:
+    """Yield the ElementOps of `FullSplit.elements`, one at a time (raises Unsupported)."""
+    for op in ops:
+        if op.verb == "flush":
+            kind, _, rest = op.obj.partition(" ")
+            name = rest[len(L.TABLE) + 1 :]
+            if kind not in ("set", "map") or set_shape(name) is None:
+                raise Unsupported(f"cannot flush {op.obj}")
+            yield ElementOp("flush", name, ())
+        else:
+            yield parse_op(op)
+
+
+class ElementBatch:
+    """Element ops and their nft text: what the Dataplane hands an ElementSender.
+
+    Iterating yields the parsed ElementOps (`parsed` when given, else parsed from `ops` one at
+    a time, raising Unsupported); `text()` is the same batch for libnftables (fakes, logs).
+    """
+
+    def __init__(self, ops: Sequence[Op], parsed: Sequence[ElementOp] | None = None) -> None:
+        self.ops = tuple(ops)
+        self._parsed = parsed
+
+    def __iter__(self) -> Iterator[ElementOp]:
+        return iter(self._parsed) if self._parsed is not None else parse_elements(self.ops)
+
+    def text(self) -> str:
+        """Return the batch as nft input."""
+        return Transaction(self.ops).text()
+
+
 # -- netlink encoding (pure) -----------------------------------------------------------------
 
 
@@ -355,12 +442,17 @@ def _message(
     )
 
 
-def encode_message(op: ElementOp, seq: int) -> bytes:
-    """Return the NEWSETELEM/DELSETELEM message of `op` (family inet, table nodelb)."""
+def encode_message(op: ElementOp, seq: int, elements: bytes | None = None) -> bytes:
+    """Return the NEWSETELEM/DELSETELEM message of `op` (family inet, table nodelb).
+
+    `elements`, when given, are some of the op's elements already encoded (one message of a
+    split op). A flush is a DELSETELEM without elements: the kernel empties the set.
+    """
     attrs = nla(NFTA_SET_ELEM_LIST_TABLE, L.TABLE_NAME.encode() + b"\0")
     attrs += nla(NFTA_SET_ELEM_LIST_SET, op.set_name.encode() + b"\0")
-    elems = b"".join(encode_element(e) for e in op.elements)
-    attrs += nla(NFTA_SET_ELEM_LIST_ELEMENTS, elems, nested=True)
+    if op.verb != "flush":
+        elems = elements if elements is not None else b"".join(map(encode_element, op.elements))
+        attrs += nla(NFTA_SET_ELEM_LIST_ELEMENTS, elems, nested=True)
     if op.verb == "add":
         kind, flags = NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_CREATE | NLM_F_ACK
     else:
@@ -379,19 +471,42 @@ class Batch:
     acked: tuple[int, ...]
 
 
-def encode_batch(ops: Sequence[ElementOp], seq: int) -> Batch:
-    """Return BATCH_BEGIN, one message per op (sequence numbers seq+1 ...), BATCH_END."""
+def _chunks(op: ElementOp) -> Iterator[bytes | None]:
+    """Yield the op's encoded elements in pieces of at most MAX_MESSAGE_BYTES (None: a flush,
+    one message without elements)."""
+    if op.verb == "flush":
+        yield None
+        return
+    piece: list[bytes] = []
+    size = 0
+    for element in op.elements:
+        raw = encode_element(element)
+        if piece and size + len(raw) > MAX_MESSAGE_BYTES:
+            yield b"".join(piece)
+            piece, size = [], 0
+        piece.append(raw)
+        size += len(raw)
+    yield b"".join(piece)
+
+
+def encode_batch(ops: Iterable[ElementOp], seq: int) -> Batch:
+    """Return BATCH_BEGIN, the messages of every op (sequence numbers seq+1 ...), BATCH_END.
+
+    An op with more than MAX_MESSAGE_BYTES of elements takes several messages. `ops` is read
+    once, so a generator keeps only one op's parsed elements alive at a time.
+    """
     res = NFNL_SUBSYS_NFTABLES
     parts = [
         _message(
             NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq, family=NFPROTO_UNSPEC, res_id=res, attrs=b""
         )
     ]
-    acked = []
-    for i, op in enumerate(ops, start=1):
-        parts.append(encode_message(op, seq + i))
-        acked.append(seq + i)
-    end_seq = seq + len(ops) + 1
+    acked: list[int] = []
+    for op in ops:
+        for piece in _chunks(op):
+            acked.append(seq + len(acked) + 1)
+            parts.append(encode_message(op, acked[-1], piece))
+    end_seq = seq + len(acked) + 1
     parts.append(
         _message(
             NFNL_MSG_BATCH_END, NLM_F_REQUEST, end_seq, family=NFPROTO_UNSPEC, res_id=res, attrs=b""
@@ -428,7 +543,7 @@ def decode_acks(data: bytes) -> list[tuple[int, int]]:
 class ElementSender(Protocol):
     """Applies element ops as one atomic kernel transaction; raises NftError if refused."""
 
-    def apply(self, ops: Sequence[ElementOp]) -> None:
+    def apply(self, ops: Iterable[ElementOp]) -> None:
         """Apply every op in one batch, or none of them (raise NftError)."""
         ...
 
@@ -491,15 +606,18 @@ class NetlinkElementSender:
             raise result[0]
         return result[0]
 
-    def apply(self, ops: Sequence[ElementOp]) -> None:
-        """Send `ops` as one batch; raise NftError (nothing applied) if the kernel refuses."""
+    def apply(self, ops: Iterable[ElementOp]) -> None:
+        """Send `ops` as one batch; raise NftError (nothing applied) if the kernel refuses,
+        or if an op cannot be encoded (a generator of parsed ops may raise Unsupported)."""
         with self._lock:
             seq = self._next_seq
-            self._next_seq = (seq + len(ops) + 2) % 0x7FFF0000 or 1
-            batch = encode_batch(ops, seq)
-            if len(batch.data) > MAX_BATCH_BYTES:
-                raise NftError(f"batch of {len(batch.data)} bytes is too large for one send")
             try:
+                batch = encode_batch(ops, seq)
+            except Unsupported as exc:
+                raise NftError(f"element batch not encodable: {exc}", str(exc)) from exc
+            self._next_seq = (seq + len(batch.acked) + 2) % 0x7FFF0000 or 1
+            try:
+                self._fit(len(batch.data))
                 self._sock.send(batch.data)
                 errors = self._collect(batch)
             except (OSError, ValueError) as exc:
@@ -507,6 +625,21 @@ class NetlinkElementSender:
         if errors:
             text = "; ".join(f"{what}: {os.strerror(err)}" for what, err in sorted(errors.items()))
             raise NftError(f"kernel refused the element batch: {text}", text)
+
+    def _fit(self, size: int) -> None:
+        """Grow the send buffer so that one sendmsg carries `size` bytes (a whole batch must:
+        nfnetlink commits what one message holds). Needs CAP_NET_ADMIN beyond wmem_max, as
+        libnftables does for a large transaction."""
+        if size <= self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) - 32:
+            return
+        want = size + 64 * 1024
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, want)
+        except PermissionError:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, want)
+        have = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        if size > have - 32:
+            raise OSError(f"a {size}-byte batch does not fit the {have}-byte send buffer")
 
     def _collect(self, batch: Batch) -> dict[str, int]:
         """Read acks until every message of `batch` is answered; return the errors by name."""
@@ -535,8 +668,10 @@ def ops_summary(ops: Iterable[ElementOp]) -> str:
 __all__ = [
     "Batch",
     "Element",
+    "ElementBatch",
     "ElementOp",
     "ElementSender",
+    "FullSplit",
     "NetlinkElementSender",
     "Unsupported",
     "Verdict",
@@ -548,6 +683,8 @@ __all__ = [
     "encode_message",
     "encode_range",
     "ops_summary",
+    "parse_elements",
     "parse_op",
     "set_shape",
+    "split_full",
 ]

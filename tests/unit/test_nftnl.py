@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pytest
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from pyroute2.netlink.nfnetlink.nftsocket import nft_set_elem_list_msg
 
 from agent import nftnl
-from agent.dataplane import SyncMode, SyncOutcome
+from agent.dataplane import Dataplane, SyncMode, SyncOutcome
 from agent.model import DesiredState
 from agent.nft import NftError
 from agent.nftnl import Element, ElementOp, Unsupported
@@ -27,7 +27,7 @@ from rules.delta import delta
 from rules.render import render
 from rules.transaction import Op, Transaction
 from tests.unit.rules_states import desired_states, eps, fe, state
-from tests.unit.test_dataplane_logic import A, B, make
+from tests.unit.test_dataplane_logic import A, B, FakeRunner, make
 
 HOST_1 = (1).to_bytes(4, sys.byteorder)  # numgen writes its register in host order
 
@@ -354,16 +354,27 @@ def test_decode_acks_raises_only_value_error(data: bytes) -> None:
 
 
 class FakeSender:
-    """An ElementSender that records what it is given; `refuse` makes it raise NftError."""
+    """An ElementSender that records what it is given and applies its text to the fake
+    runner `into`; `refuse` makes it raise NftError (applying nothing)."""
 
     def __init__(self) -> None:
         self.batches: list[list[ElementOp]] = []
         self.refuse = False
+        self.into: FakeRunner | None = None
 
-    def apply(self, ops: Sequence[ElementOp]) -> None:
+    def apply(self, ops: Iterable[ElementOp]) -> None:
         self.batches.append(list(ops))
         if self.refuse:
             raise NftError("kernel refused the element batch", "message 1: No such file")
+        assert isinstance(ops, nftnl.ElementBatch) and self.into is not None
+        self.into.run(ops.text())
+
+
+def make_fast() -> tuple[Dataplane, FakeRunner, FakeSender]:
+    sender = FakeSender()
+    dp, runner, _ = make(elements=sender)
+    sender.into = runner
+    return dp, runner, sender
 
 
 ENDPOINT_ONLY = state(
@@ -376,51 +387,75 @@ ENDPOINT_ONLY = state(
 )
 
 
-def test_an_element_only_partial_sync_goes_to_the_sender_and_never_to_nft() -> None:
-    sender = FakeSender()
-    dp, runner, _ = make(elements=sender)
+def test_a_full_sync_sends_structure_by_nft_and_every_element_as_one_batch() -> None:
+    dp, runner, sender = make_fast()
     assert dp.sync(A).mode is SyncMode.FULL
-    assert sender.batches == []  # a full sync always goes through libnftables
+    (batch,) = sender.batches
+    assert {o.set_name for o in batch} == {"ext4", "be4_2", "held4"}
+    element_lines = [ln for ln in runner.texts[0].splitlines() if " element " in ln]
+    assert all(" nodelb local" in ln for ln in element_lines)  # nft fills the local sets
+    assert all(o.verb == "add" for o in batch)  # a new table: nothing to flush
+    assert (dp.fast_applied, dp.fast_fallbacks) == (1, 0)
+    dp.request_full()
+    assert dp.sync(A).mode is SyncMode.FULL
+    flushes = [o.set_name for o in sender.batches[1] if o.verb == "flush"]
+    assert set(flushes) >= {"ext4", "be4_2", "held4"}
+    structure, elements = runner.texts[-2:]  # the runner's batch, then the sender's
+    assert "flush map inet nodelb ext4" not in structure
+    assert elements.startswith("flush ")
+    assert runner.table.elements["be4_2"] and runner.table.elements["held4"]
+
+
+def test_an_element_only_partial_sync_goes_to_the_sender_and_never_to_nft() -> None:
+    dp, runner, sender = make_fast()
+    assert dp.sync(A).mode is SyncMode.FULL
     texts = len(runner.texts)
     res = dp.sync(ENDPOINT_ONLY)
     assert (res.outcome, res.mode) == (SyncOutcome.APPLIED, SyncMode.PARTIAL)
-    assert len(runner.texts) == texts
-    assert [(o.verb, o.set_name, len(o.elements)) for o in sender.batches[0]] == [
+    assert len(runner.texts) == texts + 1  # the sender's own text, applied by the fake
+    assert [(o.verb, o.set_name, len(o.elements)) for o in sender.batches[-1]] == [
         ("delete", "be4_2", 1),
         ("add", "be4_2", 1),
     ]
     assert dp.mirror is ENDPOINT_ONLY
-    assert (dp.fast_applied, dp.fast_fallbacks) == (1, 0)
+    assert (dp.fast_applied, dp.fast_fallbacks) == (2, 0)
 
 
 def test_a_delta_that_creates_a_dispatch_chain_goes_through_nft() -> None:
-    sender = FakeSender()
-    dp, runner, _ = make(elements=sender)
+    dp, runner, sender = make_fast()
     dp.sync(A)
     res = dp.sync(B)  # 198.18.0.200 gets 3 endpoints: ep4_3 and be4_3 are created
     assert res.outcome is SyncOutcome.APPLIED
-    assert sender.batches == []
+    assert len(sender.batches) == 1  # the full sync's
     assert "add chain inet nodelb ep4_3" in runner.texts[-1]
     assert runner.table.elements["be4_3"]
-    assert (dp.fast_applied, dp.fast_fallbacks) == (0, 0)
+    assert (dp.fast_applied, dp.fast_fallbacks) == (1, 0)
 
 
 def test_a_refused_batch_falls_back_to_nft_with_the_same_outcome() -> None:
-    sender = FakeSender()
-    dp, runner, _ = make(elements=sender)
+    dp, runner, sender = make_fast()
     dp.sync(A)
     sender.refuse = True
     res = dp.sync(ENDPOINT_ONLY)
     assert res.outcome is SyncOutcome.APPLIED
-    assert len(sender.batches) == 1
+    assert len(sender.batches) == 2
     assert runner.texts[-1] == delta(A, ENDPOINT_ONLY).text()
     assert dp.mirror is ENDPOINT_ONLY
+    assert (dp.fast_applied, dp.fast_fallbacks) == (1, 1)
+
+
+def test_a_refused_full_element_batch_sends_the_whole_table_through_nft() -> None:
+    dp, runner, sender = make_fast()
+    sender.refuse = True
+    res = dp.sync(A)
+    assert (res.outcome, res.mode) == (SyncOutcome.APPLIED, SyncMode.FULL)
     assert (dp.fast_applied, dp.fast_fallbacks) == (0, 1)
+    assert "add element inet nodelb be4_2" in runner.texts[-1]
+    assert runner.table.elements["be4_2"]
 
 
 def test_when_both_paths_refuse_the_sync_is_refused_and_the_mirror_stays() -> None:
-    sender = FakeSender()
-    dp, runner, _ = make(elements=sender)
+    dp, runner, sender = make_fast()
     dp.sync(A)
     sender.refuse = True
     runner.fail_next = 1
@@ -431,4 +466,43 @@ def test_when_both_paths_refuse_the_sync_is_refused_and_the_mirror_stays() -> No
     assert dp.fast_fallbacks == 1
     sender.refuse = False
     assert dp.sync(ENDPOINT_ONLY).outcome is SyncOutcome.APPLIED
-    assert dp.fast_applied == 1
+    assert dp.fast_applied == 2
+
+
+def test_split_full_puts_every_op_in_exactly_one_part_and_refuses_the_replacing_shape() -> None:
+    tx = render(B, existing=None)
+    split = nftnl.split_full(tx)
+    assert split is not None
+    parts = [*split.structure.ops, *split.elements, *split.cleanup.ops]
+    assert sorted(map(str, parts)) == sorted(map(str, tx.ops))
+    assert all(nftnl.set_shape(o.obj.split()[3]) is not None for o in split.elements)
+    assert any(o.obj.startswith("element inet nodelb local4") for o in split.structure.ops)
+    assert nftnl.split_full(render(B, replace=True)) is None
+
+
+def test_a_large_op_is_split_into_messages_under_the_attribute_limit() -> None:
+    many = ", ".join(f"198.18.{i // 250}.{i % 250 + 1}" for i in range(9000))
+    ops = [
+        ElementOp("flush", "held4", ()),
+        nftnl.parse_op(Op("add", f"element inet nodelb held4 {{ {many} }}")),
+    ]
+    batch = nftnl.encode_batch(ops, 1)
+    sizes, kinds, off = [], [], 20
+    while off < len(batch.data) - 20:
+        length, kind, *_ = struct.unpack_from("=IHHII", batch.data, off)
+        sizes.append(length)
+        kinds.append(kind)
+        off += length
+    assert kinds[0] == 0x0A0E and sizes[0] < 64  # the flush: table and set names only
+    assert len(sizes) == len(batch.acked) > 2
+    assert max(sizes) <= nftnl.MAX_MESSAGE_BYTES + 100
+    assert sum(len(m[2]) for m in map(_pyroute2_elements, _messages(batch.data)[1:])) == 9000
+
+
+def _messages(data: bytes) -> list[bytes]:
+    out, off = [], 20
+    while off < len(data) - 20:
+        (length,) = struct.unpack_from("=I", data, off)
+        out.append(data[off : off + length])
+        off += length
+    return out
