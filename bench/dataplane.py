@@ -37,7 +37,7 @@ import secrets
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -276,7 +276,7 @@ class _Switch:
         self.inner = inner
         self.on = True
 
-    def apply(self, ops: Sequence[ElementOp]) -> None:
+    def apply(self, ops: Iterable[ElementOp]) -> None:
         if not self.on:
             raise NftError("fast path switched off for this sync")
         self.inner.apply(ops)
