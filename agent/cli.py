@@ -34,6 +34,7 @@ from agent.kube.node_report import NodeReporter
 from agent.lab import demo, session
 from agent.manifests import ManifestError, load_files
 from agent.nft import LibNftRunner
+from agent.nft_dump import read_snapshot
 from agent.nftnl import NetlinkElementSender
 from agent.report import desired_dict
 from agent.runtime import Agent, ListFns, list_fns
@@ -112,10 +113,14 @@ def cmd_agent(args: argparse.Namespace) -> int:
     events = KubeEventSink(client.CoreV1Api(api), component="nodelb-agent", host=cfg.node_name)
     # Element-only changes go out as raw netlink batches: libnftables would first fetch every
     # table in the namespace (kube-proxy's too), hundreds of ms at 10k Services.
+    # The drift check reads the table back over netlink too (agent/nft_dump.py): a libnftables
+    # listing builds a cache of every element, ~300 MB at 10k Services.
+    sender = NetlinkElementSender.open()
     dataplane = Dataplane(
         LibNftRunner(),
         conntrack=ToolConntrackRunner(),
-        elements=NetlinkElementSender.open(),
+        elements=sender,
+        readback=lambda: read_snapshot(sender),
     )
     health_ports = HealthCheckServers() if cfg.health_check_node_ports else None
     lists = list_fns(api)

@@ -41,6 +41,7 @@ from agent.backoff import Backoff
 from agent.conntrack import ConntrackRunner, delete_stale_udp, removed_udp_endpoints
 from agent.model import DesiredState, FrontendKey
 from agent.nft import NftError, NftRunner, release_memory
+from agent.nft_dump import DecodeError
 from agent.nftnl import (
     ElementBatch,
     ElementSender,
@@ -52,7 +53,7 @@ from agent.nftnl import (
 from rules import layout as L
 from rules.delta import delta
 from rules.plan import RenderError
-from rules.readback import expected, from_json, kernel_objects
+from rules.readback import Snapshot, expected, from_json, kernel_objects
 from rules.render import KernelObjects, objects_after, render, render_cleanup
 from rules.transaction import Transaction
 
@@ -127,8 +128,9 @@ class Dataplane:
     `conntrack` (optional) deletes stale UDP conntrack entries after each applied sync.
     `mark` is the masquerade mark mask handed to the renderer. `elements` (optional) applies
     partial syncs made only of element ops without libnftables (agent/nftnl.py); a batch it
-    refuses is sent again through the runner, and counted in `fast_fallbacks`. Construction
-    does no I/O.
+    refuses is sent again through the runner, and counted in `fast_fallbacks`. `readback`
+    (optional) reads the table for the drift check instead of the runner's JSON listing
+    (agent/nft_dump.py). Construction does no I/O.
     """
 
     def __init__(
@@ -142,9 +144,11 @@ class Dataplane:
         full_after_failures: int = 3,
         mark: int = L.DEFAULT_MASQ_MARK,
         elements: ElementSender | None = None,
+        readback: Callable[[], Snapshot] | None = None,
     ) -> None:
         self._runner = runner
         self._fast = elements
+        self._readback = readback
         self.fast_applied = 0  # partial syncs sent as raw netlink element batches
         self.fast_fallbacks = 0  # of those refused there, then sent through libnftables
         self._clock = clock
@@ -393,7 +397,7 @@ class Dataplane:
             mirror, applied = self._mirror, self._applied
         if mirror is None:
             return False
-        have = from_json(self._runner.list_table(L.TABLE_FAMILY, L.TABLE_NAME))
+        have = self._read_table()
         diffs = expected(mirror, mark=self._mark).differences(have)
         del have
         release_memory()  # the read-back's objects are gone: give their pages back
@@ -411,6 +415,16 @@ class Dataplane:
             self._full_pending = True
             self.sync(mirror, full=True)
             return True
+
+    def _read_table(self) -> Snapshot:
+        """Return what the kernel's table holds: over netlink when a reader is wired (cheap),
+        else through libnftables' JSON listing. Raises NftError."""
+        if self._readback is None:
+            return from_json(self._runner.list_table(L.TABLE_FAMILY, L.TABLE_NAME))
+        try:
+            return self._readback()
+        except (DecodeError, KeyError) as exc:
+            raise NftError(f"cannot decode the table read back over netlink: {exc!r}") from exc
 
     # -- cleanup -----------------------------------------------------------------------------
 

@@ -60,6 +60,8 @@ NLM_F_REQUEST = 0x1
 NLM_F_ACK = 0x4
 NLM_F_CREATE = 0x400
 NLMSG_ERROR = 0x2
+NLMSG_DONE = 0x3
+NLM_F_DUMP = 0x300
 NLA_F_NESTED = 0x8000
 NETLINK_CAP_ACK = 10
 SO_SNDBUFFORCE = 32  # asm-generic/socket.h
@@ -625,6 +627,49 @@ class NetlinkElementSender:
         if errors:
             text = "; ".join(f"{what}: {os.strerror(err)}" for what, err in sorted(errors.items()))
             raise NftError(f"kernel refused the element batch: {text}", text)
+
+    def dump(self, msg_type: int, attrs: bytes) -> list[bytes]:
+        """Run one nf_tables dump (`msg_type` NFT_MSG_GET*, family inet) and return each
+        reply's nfgenmsg and attributes. Raises NftError if the kernel answers with an error.
+        """
+        with self._lock:
+            seq = self._next_seq
+            self._next_seq = (seq + 1) % 0x7FFF0000 or 1
+            request = _message(
+                (NFNL_SUBSYS_NFTABLES << 8) | msg_type,
+                NLM_F_REQUEST | NLM_F_DUMP,
+                seq,
+                family=NFPROTO_INET,
+                res_id=0,
+                attrs=attrs,
+            )
+            try:
+                self._sock.send(request)
+                return self._replies(seq)
+            except (OSError, ValueError) as exc:
+                raise NftError(f"netlink dump failed: {exc}", str(exc)) from exc
+
+    def _replies(self, seq: int) -> list[bytes]:
+        out: list[bytes] = []
+        while True:
+            data = self._sock.recv(1 << 17)
+            off = 0
+            while off + 16 <= len(data):
+                length, kind, _flags, rseq, _pid = struct.unpack_from("=IHHII", data, off)
+                if length < 16 or off + length > len(data):
+                    raise ValueError(f"truncated netlink message at {off}: length {length}")
+                body = data[off + 16 : off + length]
+                off += (length + 3) & ~3
+                if rseq != seq:
+                    continue  # a late answer to an earlier request
+                if kind in (NLMSG_DONE, NLMSG_ERROR):
+                    (error,) = struct.unpack_from("=i", body, 0) if len(body) >= 4 else (0,)
+                    if error:
+                        raise NftError(f"kernel refused the dump: {os.strerror(-error)}")
+                    if kind == NLMSG_DONE:
+                        return out
+                    continue
+                out.append(body)
 
     def _fit(self, size: int) -> None:
         """Grow the send buffer so that one sendmsg carries `size` bytes (a whole batch must:

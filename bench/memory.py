@@ -66,6 +66,7 @@ from agent.lab import netns
 from agent.memory import limit_malloc_arenas
 from agent.model import DesiredState, FrontendKey, Protocol
 from agent.nft import NetnsNftRunner, netns_inode, root_netns_inodes
+from agent.nft_dump import read_snapshot
 from agent.nftnl import NetlinkElementSender
 from agent.runtime import Agent, ListFns
 from bench.e2e_latency import (
@@ -411,7 +412,12 @@ def run_child(services: int, endpoints: int, changes: int, ns: str, traced: bool
         if netns_inode(str(netns.NETNS_DIR / ns)) in root_netns_inodes():
             raise SystemExit(f"{ns} is the root namespace; refusing to run")
         sender = NetlinkElementSender.in_namespace(ns)
-        dp = MeasuringDataplane(Dataplane(runner, elements=sender), phases, clock0)
+        reader = sender
+        dp = MeasuringDataplane(
+            Dataplane(runner, elements=sender, readback=lambda: read_snapshot(reader)),
+            phases,
+            clock0,
+        )
         cfg = AgentConfig(node_name=NODE)
         agent = Agent(
             cfg,

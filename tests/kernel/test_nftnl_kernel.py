@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from agent import nft, nftnl
+from agent import nft, nft_dump, nftnl
 from agent.dataplane import Dataplane, SyncMode, SyncOutcome
 from agent.lab import netns
 from agent.model import DesiredState, Endpoint
@@ -29,7 +29,7 @@ from agent.nft import NetnsNftRunner, NftError
 from agent.nftnl import NetlinkElementSender
 from rules import layout as L
 from rules.delta import delta
-from rules.readback import expected, from_json
+from rules.readback import ABSENT, Snapshot, expected, from_json
 from rules.render import render, render_cleanup
 from tests.unit.rules_states import (
     _V4_EP,
@@ -486,3 +486,68 @@ def test_a_refused_full_element_batch_falls_back_to_one_libnftables_transaction(
     assert (by_fast.fast_applied, by_fast.fast_fallbacks) == (1, 1)
     assert lib.table() == fast.table()
     assert not expected(new).differences(from_json(fast.runner.list_table(*_T)))
+
+
+# -- the netlink read-back (agent/nft_dump.py) ------------------------------------------------
+
+
+def _both_readbacks(s: Side) -> tuple[Snapshot, Snapshot]:
+    return nft_dump.read_snapshot(s.sender), from_json(s.runner.list_table(*_T))
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(desired=desired_states())
+def test_the_netlink_read_back_equals_the_json_read_back(
+    pair: tuple[Side, Side], desired: DesiredState
+) -> None:
+    _, s = pair
+    s.runner.run(render_cleanup().text())
+    assert nft_dump.read_snapshot(s.sender) == ABSENT
+    s.runner.run(render(desired).text())
+    by_netlink, by_json = _both_readbacks(s)
+    assert by_netlink == by_json
+    assert not expected(desired).differences(by_netlink)
+
+
+def test_the_netlink_read_back_sees_tampering_as_the_json_one_does(pair: tuple[Side, Side]) -> None:
+    _, s = pair
+    s.runner.run(render(BASE).text())
+    assert _both_readbacks(s)[0] == expected(BASE)
+    s.nft("delete", "element", "inet", "nodelb", "be4_2", "{ 198.18.0.200 . tcp . 80 . 1 }")
+    s.nft("add", "element", "inet", "nodelb", "held4", "{ 198.18.0.99 }")
+    s.nft("add", "element", "inet", "nodelb", "local4", "{ 198.20.0.0/24 }")
+    s.nft("add", "rule", "inet", "nodelb", "nat_output", "counter")
+    s.nft("add", "chain", "inet", "nodelb", "intruder")
+    s.nft("add", "set", "inet", "nodelb", "extra", "{ type ipv4_addr ; }")
+    by_netlink, by_json = _both_readbacks(s)
+    assert by_netlink == by_json
+    assert expected(BASE).differences(by_netlink) == [
+        "be4_2: missing element 198.18.0.200 . tcp . 80 . 1 : 198.19.1.6 . 8080",
+        "unexpected set/map extra",
+        "held4: unexpected element 198.18.0.99",
+        "local4: unexpected element 198.20.0.0/24",
+        "unexpected chain intruder",
+        "chain nat_output: expected 1 rules, found 2",
+    ]
+
+
+def test_the_netlink_read_back_reads_a_large_table_whole(pair: tuple[Side, Side]) -> None:
+    _, s = pair
+    big = _big(2500, 0)
+    s.runner.run(render(big).text())
+    assert not expected(big).differences(nft_dump.read_snapshot(s.sender))
+
+
+def test_a_drift_check_over_netlink_finds_and_repairs_tampering(pair: tuple[Side, Side]) -> None:
+    _, s = pair
+    dp = Dataplane(s.runner, elements=s.sender, readback=lambda: nft_dump.read_snapshot(s.sender))
+    assert dp.sync(BASE).ok
+    assert dp.check_drift() is False
+    s.nft("delete", "element", "inet", "nodelb", "ext4", "{ 198.18.0.200 . tcp . 80 }")
+    assert dp.check_drift() is True
+    assert not expected(BASE).differences(nft_dump.read_snapshot(s.sender))
+    assert dp.check_drift() is False

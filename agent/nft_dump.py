@@ -1,0 +1,275 @@
+"""Read the nodelb table back over netlink (nf_tables dumps), for the drift check.
+
+Why not `nft -j list table`: libnftables builds its cache of every element first and keeps it
+while it prints, so one read-back of a 10k Services x 10 endpoints table cost ~4 s and took
+the agent's RSS from ~160 MB to ~480 MB (bench/memory.py, drift-check phase). Dumps of the
+table's chains, rules, sets and elements cost a few MB, and each element is decoded into the
+canonical text rules/readback.py compares (`Snapshot`), so the comparison and its messages
+stay the same as with the JSON read-back.
+
+What is read: the table's presence (GETTABLE), its chains (GETCHAIN), the number of rules of
+each (GETRULE, filtered by table), its named sets and maps (GETSET; the anonymous sets rules
+create are not listed by nft either) and their elements (GETSETELEM, one dump per set).
+Elements are decoded by the layout the encoder knows (agent/nftnl.py `set_shape`); the
+`local` interval sets are read as the kernel keeps them (a start element, and an end element
+one past the last address, flagged NFT_SET_ELEM_INTERVAL_END) and written back as prefixes;
+session-affinity sets are listed without elements (the kernel fills them). A set of any other
+name is listed without elements: it is a difference anyway.
+
+Decoding is pure (`decode_*`); `read_snapshot` drives a `Dumper` (NetlinkElementSender.dump).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+from collections.abc import Iterable, Iterator
+from typing import Protocol
+
+from agent.nftnl import (
+    NFTA_DATA_VALUE,
+    NFTA_DATA_VERDICT,
+    NFTA_LIST_ELEM,
+    NFTA_SET_ELEM_DATA,
+    NFTA_SET_ELEM_KEY,
+    NFTA_SET_ELEM_KEY_END,
+    NFTA_SET_ELEM_LIST_ELEMENTS,
+    NFTA_SET_ELEM_LIST_SET,
+    NFTA_SET_ELEM_LIST_TABLE,
+    NFTA_VERDICT_CHAIN,
+    NFTA_VERDICT_CODE,
+    PROTOCOLS,
+    VERDICT_CODES,
+    Field,
+    SetShape,
+    nla,
+    set_shape,
+)
+from rules import layout as L
+from rules.readback import Snapshot
+
+# include/uapi/linux/netfilter/nf_tables.h
+NFT_MSG_GETTABLE = 1
+NFT_MSG_GETCHAIN = 4
+NFT_MSG_GETRULE = 7
+NFT_MSG_GETSET = 10
+NFT_MSG_GETSETELEM = 13
+NFTA_TABLE_NAME = 1
+NFTA_CHAIN_TABLE = 1
+NFTA_CHAIN_NAME = 3
+NFTA_RULE_TABLE = 1
+NFTA_RULE_CHAIN = 2
+NFTA_SET_TABLE = 1
+NFTA_SET_NAME = 2
+NFTA_SET_FLAGS = 3
+NFTA_SET_ELEM_FLAGS = 3
+NFT_SET_ANONYMOUS = 0x1
+NFT_SET_ELEM_INTERVAL_END = 0x1
+
+_PROTO_NAMES = {number: name for name, number in PROTOCOLS.items()}
+_VERDICT_NAMES = {code: name for name, code in VERDICT_CODES.items()}
+_FIELD_SIZE = {"proto": 4, "port": 4, "index": 4}
+
+
+class Dumper(Protocol):
+    """Runs one nf_tables dump request and returns every reply's nfgenmsg + attributes."""
+
+    def dump(self, msg_type: int, attrs: bytes) -> list[bytes]: ...
+
+
+class DecodeError(ValueError):
+    """A reply the decoder cannot read (the drift check fails; nothing is repaired)."""
+
+
+# -- attributes ------------------------------------------------------------------------------
+
+
+def attributes(data: bytes, offset: int = 0) -> dict[int, bytes]:
+    """Return the attributes in `data` from `offset` by type (flags masked; the last wins)."""
+    out: dict[int, bytes] = {}
+    for kind, payload in attribute_list(data, offset):
+        out[kind] = payload
+    return out
+
+
+def attribute_list(data: bytes, offset: int = 0) -> Iterator[tuple[int, bytes]]:
+    """Yield (type, payload) of each attribute in `data` from `offset`, in order."""
+    off = offset
+    while off + 4 <= len(data):
+        length, kind = struct.unpack_from("=HH", data, off)
+        if length < 4 or off + length > len(data):
+            raise DecodeError(f"truncated attribute at {off}: length {length}")
+        yield kind & 0x3FFF, data[off + 4 : off + length]
+        off += (length + 3) & ~3
+
+
+def _string(raw: bytes) -> str:
+    return raw.rstrip(b"\0").decode()
+
+
+def _message_attrs(body: bytes) -> dict[int, bytes]:
+    """Return the attributes of one reply (after its 4-byte nfgenmsg)."""
+    return attributes(body, 4)
+
+
+# -- elements --------------------------------------------------------------------------------
+
+
+def _fields(shape_fields: tuple[Field, ...], raw: bytes, family: int) -> list[str]:
+    """Split a concatenation's registers back into canonical atoms."""
+    out: list[str] = []
+    off = 0
+    for kind in shape_fields:
+        size = (4 if family == 4 else 16) if kind in ("addr", "net") else _FIELD_SIZE[kind]
+        part = raw[off : off + size]
+        if len(part) != size:
+            raise DecodeError(f"{len(raw)}-byte key is too short for {shape_fields}")
+        off += size
+        if kind in ("addr", "net"):
+            out.append(str(ipaddress.ip_address(part)))
+        elif kind == "proto":
+            out.append(_PROTO_NAMES.get(part[0], str(part[0])))
+        elif kind == "port":
+            out.append(str(struct.unpack("!H", part[:2])[0]))
+        else:
+            out.append(str(struct.unpack("=I", part)[0]))
+    if off != len(raw):
+        raise DecodeError(f"{len(raw)}-byte key is too long for {shape_fields}")
+    return out
+
+
+def _prefix(first: str, last: str, family: int) -> str:
+    """Return the canonical text of the range first..last (a prefix, or a plain address)."""
+    lo, hi = int(ipaddress.ip_address(first)), int(ipaddress.ip_address(last))
+    nets = _networks(lo, hi, family) if lo <= hi else []
+    return nets[0] if len(nets) == 1 else f"{first}-{last}"
+
+
+def _verdict(raw: bytes) -> str:
+    attrs = attributes(raw)
+    code = struct.unpack("!i", attrs[NFTA_VERDICT_CODE])[0]
+    name = _VERDICT_NAMES.get(code, str(code))
+    if NFTA_VERDICT_CHAIN in attrs:
+        return f"{name} {_string(attrs[NFTA_VERDICT_CHAIN])}"
+    return name
+
+
+def decode_element(shape: SetShape, elem: bytes) -> str:
+    """Return the canonical text (rules/readback.py) of one NFTA_LIST_ELEM's payload."""
+    attrs = attributes(elem)
+    key = attributes(attrs[NFTA_SET_ELEM_KEY])[NFTA_DATA_VALUE]
+    atoms = _fields(shape.key, key, shape.family)
+    if shape.ranges:
+        end = attributes(attrs[NFTA_SET_ELEM_KEY_END])[NFTA_DATA_VALUE]
+        last = _fields(shape.key, end, shape.family)
+        atoms = [
+            _prefix(a, b, shape.family) if kind == "net" else a
+            for kind, a, b in zip(shape.key, atoms, last, strict=True)
+        ]
+    text = " . ".join(atoms)
+    if shape.data is None or NFTA_SET_ELEM_DATA not in attrs:
+        return text
+    data = attributes(attrs[NFTA_SET_ELEM_DATA])
+    if shape.data == "verdict":
+        return f"{text} : {_verdict(data[NFTA_DATA_VERDICT])}"
+    return f"{text} : {' . '.join(_fields(shape.data, data[NFTA_DATA_VALUE], shape.family))}"
+
+
+def _interval_bound(elem: bytes) -> tuple[bytes, bool]:
+    attrs = attributes(elem)
+    key = attributes(attrs[NFTA_SET_ELEM_KEY])[NFTA_DATA_VALUE]
+    flags = struct.unpack("!I", attrs.get(NFTA_SET_ELEM_FLAGS, b"\0\0\0\0"))[0]
+    return key, bool(flags & NFT_SET_ELEM_INTERVAL_END)
+
+
+def decode_intervals(elems: Iterable[bytes], family: int) -> frozenset[str]:
+    """Return the prefixes of an interval set from its start and end elements.
+
+    The kernel keeps [start, end) with `end` flagged INTERVAL_END (none when the range runs
+    to the last address); nft may add an end element at the very first address.
+    """
+    size = 4 if family == 4 else 16
+    bounds = sorted((_interval_bound(e) for e in elems), key=lambda b: (b[0], not b[1]))
+    top = int.from_bytes(b"\xff" * size, "big")
+    out: set[str] = set()
+    start: int | None = None
+    for key, is_end in bounds:
+        value = int.from_bytes(key, "big")
+        if is_end:
+            if start is not None:
+                out.update(_networks(start, value - 1, family))
+                start = None
+        else:
+            if start is not None:  # two starts in a row: the first ran to the next one
+                out.update(_networks(start, value - 1, family))
+            start = value
+    if start is not None:
+        out.update(_networks(start, top, family))
+    return frozenset(out)
+
+
+def _networks(lo: int, hi: int, family: int) -> list[str]:
+    make = ipaddress.IPv4Address if family == 4 else ipaddress.IPv6Address
+    return [
+        str(n.network_address) if n.prefixlen == n.max_prefixlen else n.with_prefixlen
+        for n in ipaddress.summarize_address_range(make(lo), make(hi))
+    ]
+
+
+def elements_of(replies: Iterable[bytes]) -> Iterator[bytes]:
+    """Yield the NFTA_LIST_ELEM payloads of GETSETELEM replies."""
+    for body in replies:
+        attrs = _message_attrs(body)
+        for kind, elem in attribute_list(attrs.get(NFTA_SET_ELEM_LIST_ELEMENTS, b"")):
+            if kind == NFTA_LIST_ELEM:
+                yield elem
+
+
+# -- the table -------------------------------------------------------------------------------
+
+
+def _table_filter(kind: int) -> bytes:
+    return nla(kind, L.TABLE_NAME.encode() + b"\0")
+
+
+def read_snapshot(dumper: Dumper) -> Snapshot:
+    """Return the Snapshot of the nodelb table as the kernel holds it (ABSENT if none).
+
+    Raises NftError (from the dumper) or DecodeError.
+    """
+    tables = [
+        _string(_message_attrs(b).get(NFTA_TABLE_NAME, b""))
+        for b in dumper.dump(NFT_MSG_GETTABLE, b"")
+    ]
+    if L.TABLE_NAME not in tables:
+        return Snapshot(present=False)
+    chains: dict[str, int] = {}
+    for body in dumper.dump(NFT_MSG_GETCHAIN, b""):
+        attrs = _message_attrs(body)
+        if _string(attrs.get(NFTA_CHAIN_TABLE, b"")) == L.TABLE_NAME:
+            chains[_string(attrs[NFTA_CHAIN_NAME])] = 0
+    for body in dumper.dump(NFT_MSG_GETRULE, _table_filter(NFTA_RULE_TABLE)):
+        name = _string(_message_attrs(body)[NFTA_RULE_CHAIN])
+        chains[name] = chains.get(name, 0) + 1
+    sets: dict[str, frozenset[str]] = {}
+    for body in dumper.dump(NFT_MSG_GETSET, _table_filter(NFTA_SET_TABLE)):
+        attrs = _message_attrs(body)
+        flags = struct.unpack("!I", attrs.get(NFTA_SET_FLAGS, b"\0\0\0\0"))[0]
+        if flags & NFT_SET_ANONYMOUS:
+            continue
+        sets[_string(attrs[NFTA_SET_NAME])] = frozenset()
+    for name in sets:
+        shape = set_shape(name)
+        local_family = next((f for f in (4, 6) if name == L.named(L.LOCAL, f)), None)
+        if shape is None and local_family is None:
+            continue  # affinity sets (run-time content) and names the layout does not know
+        request = _table_filter(NFTA_SET_ELEM_LIST_TABLE) + nla(
+            NFTA_SET_ELEM_LIST_SET, name.encode() + b"\0"
+        )
+        elems = elements_of(dumper.dump(NFT_MSG_GETSETELEM, request))
+        if shape is not None:
+            sets[name] = frozenset(decode_element(shape, e) for e in elems)
+        else:
+            assert local_family is not None
+            sets[name] = decode_intervals(elems, local_family)
+    return Snapshot(present=True, sets=sets, chains=chains)

@@ -1,0 +1,84 @@
+"""Decoding nf_tables dump replies (agent/nft_dump.py) into the read-back's canonical text."""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+
+import pytest
+from hypothesis import given, settings
+
+from agent import nft_dump, nftnl
+from agent.model import DesiredState
+from rules.readback import expected
+from rules.render import render
+from tests.unit.rules_states import desired_states
+
+
+def _payload(list_elem: bytes) -> bytes:
+    """The inside of one NFTA_LIST_ELEM attribute (what a dump reply nests)."""
+    ((kind, payload),) = list(nft_dump.attribute_list(list_elem))
+    assert kind == nftnl.NFTA_LIST_ELEM
+    return payload
+
+
+@settings(max_examples=200, deadline=None)
+@given(desired=desired_states())
+def test_every_encoded_element_decodes_to_the_text_the_read_back_expects(
+    desired: DesiredState,
+) -> None:
+    want = expected(desired).sets
+    for op in render(desired).ops:
+        if not op.obj.startswith("element ") or op.verb != "add":
+            continue
+        name = op.obj.split()[3]
+        shape = nftnl.set_shape(name)
+        if shape is None:
+            continue
+        parsed = nftnl.parse_op(op)
+        got = {
+            nft_dump.decode_element(shape, _payload(nftnl.encode_element(e)))
+            for e in parsed.elements
+        }
+        assert got == want[name], name
+
+
+def _bound(addr: str, *, end: bool) -> bytes:
+    key = nftnl.nla(
+        nftnl.NFTA_SET_ELEM_KEY,
+        nftnl.nla(nftnl.NFTA_DATA_VALUE, ipaddress.ip_address(addr).packed),
+        nested=True,
+    )
+    flags = nftnl.nla(nft_dump.NFTA_SET_ELEM_FLAGS, struct.pack("!I", 1)) if end else b""
+    return key + flags
+
+
+def test_interval_elements_read_back_as_the_prefixes_they_hold() -> None:
+    elems = [
+        _bound("0.0.0.0", end=True),  # nft's leading end element
+        _bound("198.19.0.0", end=False),
+        _bound("198.20.0.0", end=True),
+        _bound("198.20.0.0", end=False),  # adjacent: kept apart, as configured
+        _bound("198.20.1.0", end=True),
+        _bound("203.0.113.7", end=False),
+        _bound("203.0.113.8", end=True),
+        _bound("255.255.255.0", end=False),  # runs to the last address: no end element
+    ]
+    assert nft_dump.decode_intervals(reversed(elems), 4) == {
+        "198.19.0.0/16",
+        "198.20.0.0/24",
+        "203.0.113.7",
+        "255.255.255.0/24",
+    }
+    v6 = [_bound("2001:db8:1::", end=False), _bound("2001:db8:2::", end=True)]
+    assert nft_dump.decode_intervals(v6, 6) == {"2001:db8:1::/48"}
+
+
+def test_a_key_of_the_wrong_length_is_a_decode_error() -> None:
+    shape = nftnl.set_shape("held4")
+    assert shape is not None
+    elem = nftnl.nla(
+        nftnl.NFTA_SET_ELEM_KEY, nftnl.nla(nftnl.NFTA_DATA_VALUE, b"\x01\x02\x03"), nested=True
+    )
+    with pytest.raises(nft_dump.DecodeError, match="too short"):
+        nft_dump.decode_element(shape, elem)
