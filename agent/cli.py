@@ -34,7 +34,7 @@ from agent.kube.node_report import NodeReporter
 from agent.lab import demo, session
 from agent.manifests import ManifestError, load_files
 from agent.nft import LibNftRunner
-from agent.nft_dump import read_snapshot
+from agent.nft_dump import NetlinkTableReader
 from agent.nftnl import NetlinkElementSender
 from agent.report import desired_dict
 from agent.runtime import Agent, ListFns, list_fns
@@ -120,7 +120,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         LibNftRunner(),
         conntrack=ToolConntrackRunner(),
         elements=sender,
-        readback=lambda: read_snapshot(sender),
+        readback=NetlinkTableReader(sender),
     )
     health_ports = HealthCheckServers() if cfg.health_check_node_ports else None
     lists = list_fns(api)

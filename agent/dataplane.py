@@ -5,7 +5,8 @@ It keeps a mirror, the last DesiredState the kernel accepted, and sends either t
 over from a previous agent or resyncing has no gap) or the element delta from the mirror
 (`rules.delta.delta`). A full render must know which objects the table holds, to delete the
 ones it no longer needs: the applier tracks them through its own transactions, and reads them
-(`NftRunner.list_declarations`, ~3.7 s at 10k Services) when it does not know them: on its
+(`TableReader.objects` over netlink, or `NftRunner.list_declarations`, which fetches every
+element: ~3.7 s at 10k Services) when it does not know them: on its
 first full sync (a table left by a previous agent), after drift, and after a refused full
 sync. Drift and a refused full sync make the next full sync replace the whole table
 (`render(..., replace=True)`, which may cost a new flow its first packet, see
@@ -31,10 +32,12 @@ from __future__ import annotations
 
 import enum
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from agent import metrics
 from agent.backoff import Backoff
@@ -120,6 +123,18 @@ def _element_count(tx: Transaction) -> tuple[int, int]:
     return added, deleted
 
 
+class TableReader(Protocol):
+    """Reads the nodelb table back without libnftables (agent/nft_dump.NetlinkTableReader)."""
+
+    def snapshot(self) -> Snapshot:
+        """Return the table's content (rules.readback.Snapshot). Raises NftError."""
+        ...
+
+    def objects(self) -> KernelObjects | None:
+        """Return the table's objects, None when there is no table. Raises NftError."""
+        ...
+
+
 class Dataplane:
     """Applies DesiredState through an NftRunner; see the module docstring for the contract.
 
@@ -129,8 +144,9 @@ class Dataplane:
     `mark` is the masquerade mark mask handed to the renderer. `elements` (optional) applies
     partial syncs made only of element ops without libnftables (agent/nftnl.py); a batch it
     refuses is sent again through the runner, and counted in `fast_fallbacks`. `readback`
-    (optional) reads the table for the drift check instead of the runner's JSON listing
-    (agent/nft_dump.py). Construction does no I/O.
+    (optional, agent/nft_dump.py) reads the table for the drift check and the objects a full
+    sync must know, instead of the runner's listings (which fetch every element).
+    Construction does no I/O.
     """
 
     def __init__(
@@ -144,7 +160,7 @@ class Dataplane:
         full_after_failures: int = 3,
         mark: int = L.DEFAULT_MASQ_MARK,
         elements: ElementSender | None = None,
-        readback: Callable[[], Snapshot] | None = None,
+        readback: TableReader | None = None,
     ) -> None:
         self._runner = runner
         self._fast = elements
@@ -225,10 +241,9 @@ class Dataplane:
             mode = SyncMode.FULL if (full or self.next_full) else SyncMode.PARTIAL
             if mode is SyncMode.FULL and not self._kernel_known:
                 try:
-                    listing = self._runner.list_declarations(L.TABLE_FAMILY, L.TABLE_NAME)
+                    self._kernel = self._read_objects()
                 except NftError as exc:
                     return self._failed(SyncOutcome.REFUSED, mode, start, 0, exc.text)
-                self._kernel = kernel_objects(listing)
                 self._kernel_known = True
             try:
                 if mode is SyncMode.FULL:
@@ -422,9 +437,18 @@ class Dataplane:
         if self._readback is None:
             return from_json(self._runner.list_table(L.TABLE_FAMILY, L.TABLE_NAME))
         try:
-            return self._readback()
-        except (DecodeError, KeyError) as exc:
+            return self._readback.snapshot()
+        except (DecodeError, KeyError, struct.error) as exc:
             raise NftError(f"cannot decode the table read back over netlink: {exc!r}") from exc
+
+    def _read_objects(self) -> KernelObjects | None:
+        """Return the objects the kernel's table holds (None: no table). Raises NftError."""
+        if self._readback is None:
+            return kernel_objects(self._runner.list_declarations(L.TABLE_FAMILY, L.TABLE_NAME))
+        try:
+            return self._readback.objects()
+        except (DecodeError, KeyError, struct.error) as exc:
+            raise NftError(f"cannot decode the table's objects over netlink: {exc!r}") from exc
 
     # -- cleanup -----------------------------------------------------------------------------
 

@@ -16,7 +16,14 @@ one past the last address, flagged NFT_SET_ELEM_INTERVAL_END) and written back a
 session-affinity sets are listed without elements (the kernel fills them). A set of any other
 name is listed without elements: it is a difference anyway.
 
-Decoding is pure (`decode_*`); `read_snapshot` drives a `Dumper` (NetlinkElementSender.dump).
+The objects a full render must know of an existing table (`read_objects`: the comment from
+the table's user data, each chain's hook, type, priority and policy, each set's kind) come
+from the same dumps, without a single element: `nft -t list table` fetched every element
+first (~3.7 s and ~200 MB at 10k Services, on every agent start).
+
+Decoding is pure (`decode_*`, `chain_spec`, `table_comment`); `read_snapshot` and
+`read_objects` drive a `Dumper` (NetlinkElementSender.dump); `NetlinkTableReader` is what the
+Dataplane is given.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from agent.nftnl import (
 )
 from rules import layout as L
 from rules.readback import Snapshot
+from rules.render import KernelObjects
 
 # include/uapi/linux/netfilter/nf_tables.h
 NFT_MSG_GETTABLE = 1
@@ -55,8 +63,15 @@ NFT_MSG_GETRULE = 7
 NFT_MSG_GETSET = 10
 NFT_MSG_GETSETELEM = 13
 NFTA_TABLE_NAME = 1
+NFTA_TABLE_USERDATA = 6
+NFTNL_UDATA_TABLE_COMMENT = 0  # libnftnl's user-data TLV for a table comment
 NFTA_CHAIN_TABLE = 1
 NFTA_CHAIN_NAME = 3
+NFTA_CHAIN_HOOK = 4
+NFTA_CHAIN_POLICY = 5
+NFTA_CHAIN_TYPE = 7
+NFTA_HOOK_HOOKNUM = 1
+NFTA_HOOK_PRIORITY = 2
 NFTA_RULE_TABLE = 1
 NFTA_RULE_CHAIN = 2
 NFTA_SET_TABLE = 1
@@ -64,11 +79,14 @@ NFTA_SET_NAME = 2
 NFTA_SET_FLAGS = 3
 NFTA_SET_ELEM_FLAGS = 3
 NFT_SET_ANONYMOUS = 0x1
+NFT_SET_MAP = 0x8
 NFT_SET_ELEM_INTERVAL_END = 0x1
 
 _PROTO_NAMES = {number: name for name, number in PROTOCOLS.items()}
 _VERDICT_NAMES = {code: name for name, code in VERDICT_CODES.items()}
 _FIELD_SIZE = {"proto": 4, "port": 4, "index": 4}
+_HOOKS = {0: "prerouting", 1: "input", 2: "forward", 3: "output", 4: "postrouting", 5: "ingress"}
+_POLICIES = {0: "drop", 1: "accept"}
 
 
 class Dumper(Protocol):
@@ -232,32 +250,67 @@ def _table_filter(kind: int) -> bytes:
     return nla(kind, L.TABLE_NAME.encode() + b"\0")
 
 
+def table_comment(userdata: bytes) -> str:
+    """Return the comment in a table's user data (libnftnl TLVs: type, length, value)."""
+    off = 0
+    while off + 2 <= len(userdata):
+        kind, length = userdata[off], userdata[off + 1]
+        if kind == NFTNL_UDATA_TABLE_COMMENT:
+            return _string(userdata[off + 2 : off + 2 + length])
+        off += 2 + length
+    return ""
+
+
+def chain_spec(attrs: dict[int, bytes]) -> str:
+    """Return a chain's hook as rules.render.hook_spec writes it ("" for a regular chain)."""
+    if NFTA_CHAIN_HOOK not in attrs:
+        return ""
+    hook = attributes(attrs[NFTA_CHAIN_HOOK])
+    num = struct.unpack("!I", hook[NFTA_HOOK_HOOKNUM])[0]
+    prio = struct.unpack("!i", hook[NFTA_HOOK_PRIORITY])[0]
+    policy = struct.unpack("!I", attrs.get(NFTA_CHAIN_POLICY, b"\0\0\0\1"))[0]
+    kind = _string(attrs.get(NFTA_CHAIN_TYPE, b"filter"))
+    return f"{kind} {_HOOKS.get(num, str(num))} {prio} {_POLICIES.get(policy, str(policy))}"
+
+
+def read_objects(dumper: Dumper) -> KernelObjects | None:
+    """Return what a full render must know of the table (rules.render.KernelObjects: its
+    comment, chains with their hooks, named sets and maps), None when there is no table: what
+    `nft -t list table` gives, without fetching a single element."""
+    comment: str | None = None
+    for body in dumper.dump(NFT_MSG_GETTABLE, b""):
+        attrs = _message_attrs(body)
+        if _string(attrs.get(NFTA_TABLE_NAME, b"")) == L.TABLE_NAME:
+            comment = table_comment(attrs.get(NFTA_TABLE_USERDATA, b""))
+    if comment is None:
+        return None
+    chains: dict[str, str] = {}
+    for body in dumper.dump(NFT_MSG_GETCHAIN, b""):
+        attrs = _message_attrs(body)
+        if _string(attrs.get(NFTA_CHAIN_TABLE, b"")) == L.TABLE_NAME:
+            chains[_string(attrs[NFTA_CHAIN_NAME])] = chain_spec(attrs)
+    sets: dict[str, str] = {}
+    for body in dumper.dump(NFT_MSG_GETSET, _table_filter(NFTA_SET_TABLE)):
+        attrs = _message_attrs(body)
+        flags = struct.unpack("!I", attrs.get(NFTA_SET_FLAGS, b"\0\0\0\0"))[0]
+        if not flags & NFT_SET_ANONYMOUS:
+            sets[_string(attrs[NFTA_SET_NAME])] = "map" if flags & NFT_SET_MAP else "set"
+    return KernelObjects(comment, chains, sets)
+
+
 def read_snapshot(dumper: Dumper) -> Snapshot:
     """Return the Snapshot of the nodelb table as the kernel holds it (ABSENT if none).
 
     Raises NftError (from the dumper) or DecodeError.
     """
-    tables = [
-        _string(_message_attrs(b).get(NFTA_TABLE_NAME, b""))
-        for b in dumper.dump(NFT_MSG_GETTABLE, b"")
-    ]
-    if L.TABLE_NAME not in tables:
+    objects = read_objects(dumper)
+    if objects is None:
         return Snapshot(present=False)
-    chains: dict[str, int] = {}
-    for body in dumper.dump(NFT_MSG_GETCHAIN, b""):
-        attrs = _message_attrs(body)
-        if _string(attrs.get(NFTA_CHAIN_TABLE, b"")) == L.TABLE_NAME:
-            chains[_string(attrs[NFTA_CHAIN_NAME])] = 0
+    chains = dict.fromkeys(objects.chains, 0)
     for body in dumper.dump(NFT_MSG_GETRULE, _table_filter(NFTA_RULE_TABLE)):
         name = _string(_message_attrs(body)[NFTA_RULE_CHAIN])
         chains[name] = chains.get(name, 0) + 1
-    sets: dict[str, frozenset[str]] = {}
-    for body in dumper.dump(NFT_MSG_GETSET, _table_filter(NFTA_SET_TABLE)):
-        attrs = _message_attrs(body)
-        flags = struct.unpack("!I", attrs.get(NFTA_SET_FLAGS, b"\0\0\0\0"))[0]
-        if flags & NFT_SET_ANONYMOUS:
-            continue
-        sets[_string(attrs[NFTA_SET_NAME])] = frozenset()
+    sets: dict[str, frozenset[str]] = dict.fromkeys(objects.sets, frozenset())
     for name in sets:
         shape = set_shape(name)
         local_family = next((f for f in (4, 6) if name == L.named(L.LOCAL, f)), None)
@@ -273,3 +326,18 @@ def read_snapshot(dumper: Dumper) -> Snapshot:
             assert local_family is not None
             sets[name] = decode_intervals(elems, local_family)
     return Snapshot(present=True, sets=sets, chains=chains)
+
+
+class NetlinkTableReader:
+    """Reads the nodelb table over one netlink socket (the Dataplane's `readback`)."""
+
+    def __init__(self, dumper: Dumper) -> None:
+        self._dumper = dumper
+
+    def snapshot(self) -> Snapshot:
+        """Return the table's content for the drift check (see `read_snapshot`)."""
+        return read_snapshot(self._dumper)
+
+    def objects(self) -> KernelObjects | None:
+        """Return the table's objects for a full render (see `read_objects`)."""
+        return read_objects(self._dumper)

@@ -21,6 +21,8 @@ Phases, each reporting VmRSS and VmHWM (the peak is reset at the start of each p
 - resync:   one more full sync (`Dataplane.request_full`, as the periodic resync does);
 - drift check: the table read back and compared with the mirror (`Dataplane.check_drift`,
             what the agent does every `driftCheckPeriod`);
+- takeover: a second Dataplane syncs the same state over the existing table, as a restarted
+            agent does (reads the table's objects, then a full in-place sync);
 - steady:   after a gc.collect().
 
 Then the deep size of the main structures (reflector stores, cluster cache, per-Service
@@ -66,7 +68,7 @@ from agent.lab import netns
 from agent.memory import limit_malloc_arenas
 from agent.model import DesiredState, FrontendKey, Protocol
 from agent.nft import NetnsNftRunner, netns_inode, root_netns_inodes
-from agent.nft_dump import read_snapshot
+from agent.nft_dump import NetlinkTableReader
 from agent.nftnl import NetlinkElementSender
 from agent.runtime import Agent, ListFns
 from bench.e2e_latency import (
@@ -412,9 +414,8 @@ def run_child(services: int, endpoints: int, changes: int, ns: str, traced: bool
         if netns_inode(str(netns.NETNS_DIR / ns)) in root_netns_inodes():
             raise SystemExit(f"{ns} is the root namespace; refusing to run")
         sender = NetlinkElementSender.in_namespace(ns)
-        reader = sender
         dp = MeasuringDataplane(
-            Dataplane(runner, elements=sender, readback=lambda: read_snapshot(reader)),
+            Dataplane(runner, elements=sender, readback=NetlinkTableReader(sender)),
             phases,
             clock0,
         )
@@ -488,6 +489,18 @@ def run_child(services: int, endpoints: int, changes: int, ns: str, traced: bool
         if dp.inner.check_drift():
             raise SystemExit("the drift check found drift in a table nothing else touched")
         phases.append(Phase("drift check", *proc_mem_mb(), time.monotonic() - t0))
+
+        # A second applier takes the table over, as a restarted agent does: it reads what the
+        # table holds (without its elements), then rewrites it in place in full.
+        reset_peak()
+        t0 = time.monotonic()
+        mirror = dp.inner.mirror
+        assert mirror is not None
+        heir = Dataplane(runner, elements=sender, readback=NetlinkTableReader(sender))
+        if not heir.sync(mirror).ok:
+            raise SystemExit("the takeover's full sync failed")
+        del heir
+        phases.append(Phase("takeover", *proc_mem_mb(), time.monotonic() - t0))
 
         gc.collect()
         phases.append(Phase("steady", *proc_mem_mb(), 0.0))

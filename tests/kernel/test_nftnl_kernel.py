@@ -29,8 +29,8 @@ from agent.nft import NetnsNftRunner, NftError
 from agent.nftnl import NetlinkElementSender
 from rules import layout as L
 from rules.delta import delta
-from rules.readback import ABSENT, Snapshot, expected, from_json
-from rules.render import render, render_cleanup
+from rules.readback import ABSENT, Snapshot, expected, from_json, kernel_objects
+from rules.render import objects_after, render, render_cleanup
 from tests.unit.rules_states import (
     _V4_EP,
     _V4_RANGES,
@@ -507,10 +507,14 @@ def test_the_netlink_read_back_equals_the_json_read_back(
     _, s = pair
     s.runner.run(render_cleanup().text())
     assert nft_dump.read_snapshot(s.sender) == ABSENT
+    assert nft_dump.read_objects(s.sender) is None
     s.runner.run(render(desired).text())
     by_netlink, by_json = _both_readbacks(s)
     assert by_netlink == by_json
     assert not expected(desired).differences(by_netlink)
+    objects = nft_dump.read_objects(s.sender)
+    assert objects == kernel_objects(s.runner.list_declarations(*_T))
+    assert objects == objects_after(None, render(desired))
 
 
 def test_the_netlink_read_back_sees_tampering_as_the_json_one_does(pair: tuple[Side, Side]) -> None:
@@ -521,7 +525,7 @@ def test_the_netlink_read_back_sees_tampering_as_the_json_one_does(pair: tuple[S
     s.nft("add", "element", "inet", "nodelb", "held4", "{ 198.18.0.99 }")
     s.nft("add", "element", "inet", "nodelb", "local4", "{ 198.20.0.0/24 }")
     s.nft("add", "rule", "inet", "nodelb", "nat_output", "counter")
-    s.nft("add", "chain", "inet", "nodelb", "intruder")
+    s.nft("add chain inet nodelb intruder { type filter hook input priority 5 ; policy drop ; }")
     s.nft("add", "set", "inet", "nodelb", "extra", "{ type ipv4_addr ; }")
     by_netlink, by_json = _both_readbacks(s)
     assert by_netlink == by_json
@@ -533,6 +537,9 @@ def test_the_netlink_read_back_sees_tampering_as_the_json_one_does(pair: tuple[S
         "unexpected chain intruder",
         "chain nat_output: expected 1 rules, found 2",
     ]
+    objects = nft_dump.read_objects(s.sender)
+    assert objects == kernel_objects(s.runner.list_declarations(*_T))
+    assert objects is not None and objects.chains["intruder"] == "filter input 5 drop"
 
 
 def test_the_netlink_read_back_reads_a_large_table_whole(pair: tuple[Side, Side]) -> None:
@@ -544,7 +551,7 @@ def test_the_netlink_read_back_reads_a_large_table_whole(pair: tuple[Side, Side]
 
 def test_a_drift_check_over_netlink_finds_and_repairs_tampering(pair: tuple[Side, Side]) -> None:
     _, s = pair
-    dp = Dataplane(s.runner, elements=s.sender, readback=lambda: nft_dump.read_snapshot(s.sender))
+    dp = Dataplane(s.runner, elements=s.sender, readback=nft_dump.NetlinkTableReader(s.sender))
     assert dp.sync(BASE).ok
     assert dp.check_drift() is False
     s.nft("delete", "element", "inet", "nodelb", "ext4", "{ 198.18.0.200 . tcp . 80 }")
