@@ -171,20 +171,18 @@ class FrontendIndex:
     # -- per-IP counts -------------------------------------------------------------------------
 
     def _ip_ref(self, ip: IPAddress, step: int) -> None:
-        n = self._ip_keys.get(ip, 0) + step
-        if n:
-            self._ip_keys[ip] = n
-        else:
-            del self._ip_keys[ip]
-        if n == 0 or (n == 1 and step > 0):
-            self._changed(ip)
+        self._count(self._ip_keys, ip, step)
 
     def _lb_ref(self, ip: IPAddress, step: int) -> None:
-        n = self._lb_refs.get(ip, 0) + step
+        self._count(self._lb_refs, ip, step)
+
+    def _count(self, counts: dict[IPAddress, int], ip: IPAddress, step: int) -> None:
+        """Move `ip`'s count in `counts` by `step`; keep the derived sets when it crosses 0."""
+        n = counts.get(ip, 0) + step
         if n:
-            self._lb_refs[ip] = n
+            counts[ip] = n
         else:
-            del self._lb_refs[ip]
+            del counts[ip]
         if n == 0 or (n == 1 and step > 0):
             self._changed(ip)
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -44,7 +43,6 @@ from agent.backoff import Backoff
 from agent.conntrack import ConntrackRunner, delete_stale_udp, removed_udp_endpoints
 from agent.model import DesiredState, FrontendKey
 from agent.nft import NftError, NftRunner, release_memory
-from agent.nft_dump import DecodeError
 from agent.nftnl import (
     ElementBatch,
     ElementSender,
@@ -436,19 +434,13 @@ class Dataplane:
         else through libnftables' JSON listing. Raises NftError."""
         if self._readback is None:
             return from_json(self._runner.list_table(L.TABLE_FAMILY, L.TABLE_NAME))
-        try:
-            return self._readback.snapshot()
-        except (DecodeError, KeyError, struct.error) as exc:
-            raise NftError(f"cannot decode the table read back over netlink: {exc!r}") from exc
+        return self._readback.snapshot()
 
     def _read_objects(self) -> KernelObjects | None:
         """Return the objects the kernel's table holds (None: no table). Raises NftError."""
         if self._readback is None:
             return kernel_objects(self._runner.list_declarations(L.TABLE_FAMILY, L.TABLE_NAME))
-        try:
-            return self._readback.objects()
-        except (DecodeError, KeyError, struct.error) as exc:
-            raise NftError(f"cannot decode the table's objects over netlink: {exc!r}") from exc
+        return self._readback.objects()
 
     # -- cleanup -----------------------------------------------------------------------------
 

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import ipaddress
 import struct
-from collections.abc import Iterable, Iterator
-from typing import Protocol
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol, TypeVar
 
+from agent.nft import NftError
 from agent.nftnl import (
     NFTA_DATA_VALUE,
     NFTA_DATA_VERDICT,
@@ -82,6 +83,7 @@ NFT_SET_ANONYMOUS = 0x1
 NFT_SET_MAP = 0x8
 NFT_SET_ELEM_INTERVAL_END = 0x1
 
+T = TypeVar("T")
 _PROTO_NAMES = {number: name for name, number in PROTOCOLS.items()}
 _VERDICT_NAMES = {code: name for name, code in VERDICT_CODES.items()}
 _FIELD_SIZE = {"proto": 4, "port": 4, "index": 4}
@@ -329,15 +331,22 @@ def read_snapshot(dumper: Dumper) -> Snapshot:
 
 
 class NetlinkTableReader:
-    """Reads the nodelb table over one netlink socket (the Dataplane's `readback`)."""
+    """Reads the nodelb table over one netlink socket (the Dataplane's `readback`); a reply
+    it cannot decode raises NftError, like a dump the kernel refuses."""
 
     def __init__(self, dumper: Dumper) -> None:
         self._dumper = dumper
 
     def snapshot(self) -> Snapshot:
         """Return the table's content for the drift check (see `read_snapshot`)."""
-        return read_snapshot(self._dumper)
+        return self._decoded(read_snapshot)
 
     def objects(self) -> KernelObjects | None:
         """Return the table's objects for a full render (see `read_objects`)."""
-        return read_objects(self._dumper)
+        return self._decoded(read_objects)
+
+    def _decoded(self, read: Callable[[Dumper], T]) -> T:
+        try:
+            return read(self._dumper)
+        except (DecodeError, KeyError, struct.error) as exc:
+            raise NftError(f"cannot decode the nodelb table read over netlink: {exc!r}") from exc

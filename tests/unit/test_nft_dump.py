@@ -10,6 +10,7 @@ from hypothesis import given, settings
 
 from agent import nft_dump, nftnl
 from agent.model import DesiredState
+from agent.nft import NftError
 from rules.readback import expected
 from rules.render import render
 from tests.unit.rules_states import desired_states
@@ -82,3 +83,19 @@ def test_a_key_of_the_wrong_length_is_a_decode_error() -> None:
     )
     with pytest.raises(nft_dump.DecodeError, match="too short"):
         nft_dump.decode_element(shape, elem)
+
+
+class GarbledDumper:
+    """Answers every dump with one reply naming the nodelb table, then attributes cut short."""
+
+    def dump(self, msg_type: int, attrs: bytes) -> list[bytes]:
+        table = nftnl.nla(nft_dump.NFTA_TABLE_NAME, b"nodelb\0")
+        return [b"\x01\x00\x00\x00" + table + b"\x40\x00\x03\x00"]  # 64 bytes said, 4 given
+
+
+def test_a_reply_that_does_not_decode_is_an_nft_error_for_the_dataplane() -> None:
+    reader = nft_dump.NetlinkTableReader(GarbledDumper())
+    with pytest.raises(NftError, match="cannot decode"):
+        reader.snapshot()
+    with pytest.raises(NftError, match="cannot decode"):
+        reader.objects()
