@@ -33,7 +33,8 @@ Sizes run in ascending order in one cluster, each topping up the previous one. P
 table, then as its last line one JSON object with every figure.
 
     .venv/bin/python -m bench.e2e_latency [--services 1000,10000] [--changes 100] [--nodes 2]
-        [--endpoints 10] [--threads 8] [--gap 1.0] [--timeout 20] [--workdir DIR (keep logs)]
+        [--endpoints 10] [--threads 8] [--gap 1.0] [--timeout 20] [--announce]
+        [--workdir DIR (keep logs)]
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.lab import netns
 from agent.lab.cluster import (
+    LAB_ANNOUNCE,
     MANAGED_BY_LABEL,
     POD_TCP_PORT,
     SERVICE_NAME_LABEL,
@@ -731,6 +733,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait per change")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
+        "--announce",
+        action="store_true",
+        help="agents run with the announcer on (VRRP election; each holds its share of IPs)",
+    )
+    p.add_argument(
         "--workdir", type=Path, help="keep the lab's files and logs here (default: temporary)"
     )
     args = p.parse_args(argv)
@@ -750,7 +757,8 @@ def main(argv: list[str] | None = None) -> int:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nodelb-e2e-")))
         spec = LabSpec(nodes=args.nodes, pods_per_node=0)
         t0 = time.monotonic()
-        with ClusterLab(spec, work / "cluster") as cl:
+        agent_config = LAB_ANNOUNCE if args.announce else None
+        with ClusterLab(spec, work / "cluster", agent_config=agent_config) as cl:
             up_s = time.monotonic() - t0
             print(f"# cluster up in {up_s:.1f}s", file=sys.stderr, flush=True)
             bench = Bench(cl, args.endpoints, args.threads)
@@ -771,6 +779,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"# done: {s} services", file=sys.stderr, flush=True)
     print(table(rows, args.nodes, args.gap))
     print(
+        f"announcer: {'on (VRRP election)' if args.announce else 'off (every node holds every IP)'}"
+    )
+    print(
         json.dumps(
             {
                 "bench": "e2e_latency",
@@ -778,6 +789,7 @@ def main(argv: list[str] | None = None) -> int:
                 "endpoints": args.endpoints,
                 "changes": args.changes,
                 "gap_s": args.gap,
+                "announce": args.announce,
                 "cluster_up_s": up_s,
                 "cpus": os.cpu_count(),
                 "loadavg_start": load0,
