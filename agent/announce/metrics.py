@@ -15,6 +15,12 @@ from agent.announce.process import Status
 STATES = ("Initialize", "Backup", "Master")
 
 
+
+def family_label(version: int) -> str:
+    """Return the `family` label value: "IPv4" / "IPv6", as the controller's metrics and the
+    Service's ipFamilies spell it."""
+    return f"IPv{version}"
+
 class SpeakerMetrics:
     """The nodelb_vrrp_* / nodelb_gratuitous_* / nodelb_held_addresses metrics on a registry."""
 
@@ -93,14 +99,14 @@ class SpeakerMetrics:
         if status.pid != self._pid:  # a new child: its totals start from zero
             self._last.clear()
             self._pid = status.pid
-        current = {(str(i.vrid), str(i.family)) for i in status.instances}
+        current = {(str(i.vrid), family_label(i.family)) for i in status.instances}
         for vrid, family in self._instances - current:  # removed instances: no stale state
             for s in STATES:
                 self.state.remove(vrid, family, s)
             self.priority.remove(vrid, family)
         self._instances = current
         for i in status.instances:
-            vrid, family = str(i.vrid), str(i.family)
+            vrid, family = str(i.vrid), family_label(i.family)
             for s in STATES:
                 self.state.labels(vrid, family, s).set(1 if s == i.state else 0)
             self.priority.labels(vrid, family).set(i.priority)
@@ -110,8 +116,8 @@ class SpeakerMetrics:
             for to, count in i.transitions:
                 self._advance(self.transitions, (vrid, family, to), count)
         for (family_n, reason), count in status.dropped:
-            self._advance(self.adverts_dropped, (str(family_n), reason), count)
+            self._advance(self.adverts_dropped, (family_label(family_n), reason), count)
         for (family_n, kind), count in status.gratuitous:
-            self._advance(self.gratuitous_sent, (str(family_n), kind), count)
+            self._advance(self.gratuitous_sent, (family_label(family_n), kind), count)
         for f in (4, 6):
-            self.held.labels(str(f)).set(sum(1 for a in status.held if a.version == f))
+            self.held.labels(family_label(f)).set(sum(1 for a in status.held if a.version == f))

@@ -139,7 +139,7 @@ def test_exactly_one_node_holds_each_ip_and_the_client_reaches_it_directly(
     annotations = (lease.metadata.annotations or {}) if lease.metadata else {}
     assert "198.18.0.210" in annotations.get("nodelb.io/serving-ips", "").split(",")
     code, body = cluster.agent_get(holder4.name, "/metrics")
-    assert code == 200 and 'nodelb_vrrp_state{family="4"' in body
+    assert code == 200 and 'nodelb_vrrp_state{family="IPv4"' in body
 
 
 def test_kill_9_of_the_holders_agent_moves_the_ip_and_the_client_follows(
@@ -332,11 +332,13 @@ def test_agent_metrics_move_with_syncs_refusals_nft_failures_and_takeovers(
     try:
         new = the_holder(cluster, web[0], not_=old.name)
         wait_until(
-            lambda: agent_metric(cluster, new.name, "nodelb_vrrp_takeovers_total", family="4") >= 1,
+            lambda: (
+                agent_metric(cluster, new.name, "nodelb_vrrp_takeovers_total", family="IPv4") >= 1
+            ),
             CONVERGE,
             f"the takeover counted on {new.name}",
         )
-        assert agent_metric(cluster, new.name, "nodelb_gratuitous_sent_total", family="4") >= 1
+        assert agent_metric(cluster, new.name, "nodelb_gratuitous_sent_total", family="IPv4") >= 1
     finally:
         restart_stopped_agents(cluster)
 

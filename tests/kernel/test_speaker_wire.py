@@ -132,7 +132,7 @@ def test_spoofed_adverts_are_dropped_with_their_reason_and_the_master_stays(
         sent = value("nodelb_vrrp_adverts_sent_total", labels)
         assert sent is not None and sent >= 1
         assert value("nodelb_held_addresses", {"family": str(family)}) == 1
-    arp = value("nodelb_gratuitous_sent_total", {"family": "4", "kind": "arp_request"})
+    arp = value("nodelb_gratuitous_sent_total", {"family": "IPv4", "kind": "arp_request"})
     assert arp == GratuitousConfig().count
 
 

@@ -452,7 +452,7 @@ def test_dashboard_state_and_pool_queries_compute_what_their_panels_show(
     series = []
     for instance, current in (("n1", "Master"), ("n2", "Backup"), ("n3", "Initialize")):
         for s in ("Initialize", "Backup", "Master"):
-            labels = f'instance="{instance}",vrid="5",family="4",state="{s}"'
+            labels = f'instance="{instance}",vrid="5",family="IPv4",state="{s}"'
             series.append(
                 {"series": f"nodelb_vrrp_state{{{labels}}}", "values": f"{int(s == current)}x5"}
             )
@@ -486,7 +486,9 @@ def test_dashboard_state_and_pool_queries_compute_what_their_panels_show(
                         "eval_time": "3m",
                         "exp_samples": [
                             {
-                                "labels": f'panel:vrrp_state{{instance="{i}",vrid="5",family="4"}}',
+                                "labels": (
+                                    f'panel:vrrp_state{{instance="{i}",vrid="5",family="IPv4"}}'
+                                ),
                                 "value": v,
                             }
                             for i, v in (("n1", 2), ("n2", 1), ("n3", 0))
