@@ -119,10 +119,10 @@ def test_spoofed_adverts_are_dropped_with_their_reason_and_the_master_stays(
     metrics.update(status)
     value = registry.get_sample_value
     for (family, reason), n in expected.items():
-        labels = {"family": str(family), "reason": reason}
+        labels = {"family": f"IPv{family}", "reason": reason}
         assert value("nodelb_vrrp_adverts_dropped_total", labels) == n, labels
     for family in (4, 6):
-        labels = {"vrid": str(VRID), "family": str(family)}
+        labels = {"vrid": str(VRID), "family": f"IPv{family}"}
         assert value("nodelb_vrrp_state", {**labels, "state": "Master"}) == 1
         assert value("nodelb_vrrp_state", {**labels, "state": "Backup"}) == 0
         assert value("nodelb_vrrp_priority", labels) == 100
@@ -131,7 +131,7 @@ def test_spoofed_adverts_are_dropped_with_their_reason_and_the_master_stays(
         assert value("nodelb_vrrp_adverts_received_total", labels) == 0
         sent = value("nodelb_vrrp_adverts_sent_total", labels)
         assert sent is not None and sent >= 1
-        assert value("nodelb_held_addresses", {"family": str(family)}) == 1
+        assert value("nodelb_held_addresses", {"family": f"IPv{family}"}) == 1
     arp = value("nodelb_gratuitous_sent_total", {"family": "IPv4", "kind": "arp_request"})
     assert arp == GratuitousConfig().count
 
