@@ -410,9 +410,12 @@ class Dataplane:
             mirror, applied = self._mirror, self._applied
         if mirror is None:
             return False
+        # What the mirror says first: building it needs every element's (key, value) pair
+        # for a moment, which is freed before the read-back's elements arrive (a lower peak).
+        want = expected(mirror, mark=self._mark)
         have = self._read_table()
-        diffs = expected(mirror, mark=self._mark).differences(have)
-        del have
+        diffs = want.differences(have)
+        del want, have
         release_memory()  # the read-back's objects are gone: give their pages back
         if not diffs:
             return False
