@@ -12,7 +12,7 @@ SYNC_DURATION = Histogram(
 )
 NFT_FAST_PATH_FALLBACKS = Counter(
     "nodelb_nft_fast_path_fallbacks_total",
-    "Element-only syncs the kernel refused as a netlink batch, then sent through libnftables.",
+    "Element batches the kernel refused over netlink, then sent through libnftables.",
 )
 NFT_TRANSACTION_FAILURES = Counter(
     "nodelb_nft_transaction_failures_total",
