@@ -15,11 +15,11 @@ from agent.announce.process import Status
 STATES = ("Initialize", "Backup", "Master")
 
 
-
 def family_label(version: int) -> str:
     """Return the `family` label value: "IPv4" / "IPv6", as the controller's metrics and the
     Service's ipFamilies spell it."""
     return f"IPv{version}"
+
 
 class SpeakerMetrics:
     """The nodelb_vrrp_* / nodelb_gratuitous_* / nodelb_held_addresses metrics on a registry."""
