@@ -415,7 +415,11 @@ def run_child(services: int, endpoints: int, changes: int, ns: str, traced: bool
             raise SystemExit(f"{ns} is the root namespace; refusing to run")
         sender = NetlinkElementSender.in_namespace(ns)
         dp = MeasuringDataplane(
-            Dataplane(runner, elements=sender, readback=NetlinkTableReader(sender)),
+            Dataplane(
+                runner,
+                elements=sender,
+                readback=NetlinkTableReader(NetlinkElementSender.in_namespace(ns)),
+            ),
             phases,
             clock0,
         )
@@ -496,7 +500,11 @@ def run_child(services: int, endpoints: int, changes: int, ns: str, traced: bool
         t0 = time.monotonic()
         mirror = dp.inner.mirror
         assert mirror is not None
-        heir = Dataplane(runner, elements=sender, readback=NetlinkTableReader(sender))
+        heir = Dataplane(
+            runner,
+            elements=sender,
+            readback=NetlinkTableReader(NetlinkElementSender.in_namespace(ns)),
+        )
         if not heir.sync(mirror).ok:
             raise SystemExit("the takeover's full sync failed")
         del heir
