@@ -48,6 +48,10 @@ EXTERNAL_IPS_REFUSED = Counter(
     "nodelb_external_ips_refused_total",
     "externalIPs refused (outside the allow-list, or a pool address not allocated to the Service).",
 )
+RESYNC_CORRECTIONS = Counter(
+    "nodelb_resync_corrections_total",
+    "Services the periodic resync recomputed to a result other than the one programmed.",
+)
 SERVICES_HANDLED = Gauge(
     "nodelb_services",
     "Services in the agent's cache that were evaluated for this node.",

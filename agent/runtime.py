@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
@@ -51,6 +52,8 @@ from agent.schedule import SyncSchedule
 from agent.services import InvalidService, Node, Service
 
 log = logging.getLogger(__name__)
+
+SWEEP_BATCH = 200  # Services a periodic resync recomputes per sync (see Agent._sweep_batch)
 
 
 class DataplaneLike(Protocol):
@@ -171,6 +174,7 @@ class Agent:
         self.ready = threading.Event()
         self._reflectors: list[Reflector[Any]] = []
         self._drift_thread: threading.Thread | None = None
+        self._sweep: deque[str] | None = None  # Services a periodic resync has yet to check
         self._last_desired: DesiredState | None = None
 
     # --- change intake (reflector threads) -------------------------------------------------
@@ -305,28 +309,54 @@ class Agent:
         with self._cond:
             while not stop.is_set():
                 now = self._clock()
-                due = max(self._schedule.next_wakeup(), self._retry_at)
+                sweeping = self._sweep is not None
+                due = max(self._schedule.next_wakeup(sweeping=sweeping), self._retry_at)
                 if due <= now:
                     return
                 self._cond.wait(timeout=min(due - now, 1.0))
 
     def step(self) -> None:
-        """Recompute what changed, sync the dataplane, report problems, check drift."""
+        """Recompute what changed (and a batch of a periodic resync in progress), sync the
+        dataplane, report problems, check drift."""
         now = self._clock()
-        full = now >= self._schedule.full_due()
+        first = not self.status.first_sync_done
         with self._cond:
+            if not first and self._sweep is None and now >= self._schedule.full_due():
+                self._sweep = deque(set(self._cache.services) | set(self._index.results))
+                log.info("periodic resync started", extra={"services": len(self._sweep)})
+            sweep_now = self._sweep is not None and now >= self._schedule.sweep_due()
             sync_pending = self._schedule.sync_due() is not None
-            if not (full or sync_pending or self._all_dirty):
+            if not (first or sync_pending or self._all_dirty or sweep_now):
                 desired = None
             else:
-                desired, touched, changed = self._recompute(everything=full or self._all_dirty)
+                verify = self._sweep_batch() if sweep_now else set()
+                desired, touched, changed = self._recompute(
+                    everything=first or self._all_dirty, verify=verify
+                )
+                if self._sweep is not None and not self._sweep:
+                    self._sweep = None
+                    self._schedule = self._schedule.resynced(now)
         if desired is not None:
-            self._sync(desired, touched, changed, full=full, now=now)
+            self._sync(desired, touched, changed, full=first, now=now)
             self._serve_health()
         if now >= self._schedule.drift_due() and self.status.first_sync_done:
             with self._cond:
                 self._schedule = self._schedule.drift_checked(now)
             self._start_drift_check()
+
+    def _sweep_batch(self) -> set[str]:
+        """Move the next SWEEP_BATCH Services of the periodic resync into the dirty set (lock
+        held); return those that were not dirty already: their result must come out the same.
+
+        Why batches: recomputing all 10k Services at once takes ~1 s, and a change arriving
+        meanwhile would wait for it; a batch of 200 takes ~20 ms. The table itself is compared
+        with the mirror by the drift check, so the resync sends nothing unless a result moved.
+        """
+        assert self._sweep is not None
+        batch = {self._sweep.popleft() for _ in range(min(SWEEP_BATCH, len(self._sweep)))}
+        verify = batch - self._dirty
+        self._dirty |= batch
+        return verify
 
     def _start_drift_check(self) -> None:
         """Read the table back on a thread of its own: at 10k Services the read takes seconds,
@@ -358,12 +388,14 @@ class Agent:
         )
 
     def _recompute(
-        self, *, everything: bool
+        self, *, everything: bool, verify: set[str] | None = None
     ) -> tuple[DesiredState, set[str], set[FrontendKey] | None]:
         """Recompute dirty Services (caller holds the lock).
 
         Returns the state, the Service keys with problems to report, and the frontend keys
-        that may have changed (None when everything was recomputed).
+        that may have changed (None when everything was recomputed). A Service in `verify`
+        had no change of its own: a result other than its last one is counted and logged
+        (the incremental bookkeeping missed something; the new result is used).
         """
         dirty = set(self._dirty)
         if everything:
@@ -394,6 +426,9 @@ class Agent:
             if bad:
                 extra = tuple(Problem(ProblemReason.INVALID_SERVICE, b.reason) for b in bad)
                 result = dataclasses.replace(result, problems=result.problems + extra)
+            if verify and key in verify and previous != result:
+                metrics.RESYNC_CORRECTIONS.inc()
+                log.warning("periodic resync corrected %s: its result had not been updated", key)
             self._index.put(result)
             changed.update(fe.key for fe in result.frontends)
         self._dirty.clear()

@@ -41,6 +41,10 @@ class SyncSchedule:
             last_full=now if full else self.last_full,
         )
 
+    def resynced(self, now: float) -> SyncSchedule:
+        """Return the schedule after a periodic resync finished at `now`."""
+        return replace(self, last_full=now)
+
     def drift_checked(self, now: float) -> SyncSchedule:
         """Return the schedule after a drift check at `now`."""
         return replace(self, last_drift_check=now)
@@ -57,14 +61,20 @@ class SyncSchedule:
         """Return when the next full resync is due (at once if there never was one)."""
         return 0.0 if self.last_full is None else self.last_full + self.full_resync_period
 
+    def sweep_due(self) -> float:
+        """Return when the next batch of a periodic resync in progress may run: like a
+        change, at least `min_interval` after the last sync."""
+        return 0.0 if self.last_sync is None else self.last_sync + self.min_interval
+
     def drift_due(self) -> float:
         """Return when the next drift check is due."""
         base = self.last_drift_check if self.last_drift_check is not None else self.last_full
         return (base or 0.0) + self.drift_check_period
 
-    def next_wakeup(self) -> float:
-        """Return the earliest time anything is due."""
-        due = [self.full_due(), self.drift_due()]
+    def next_wakeup(self, *, sweeping: bool = False) -> float:
+        """Return the earliest time anything is due (`sweeping`: a periodic resync is in
+        progress, so its next batch is due instead of the next resync)."""
+        due = [self.sweep_due() if sweeping else self.full_due(), self.drift_due()]
         if (s := self.sync_due()) is not None:
             due.append(s)
         return min(due)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from prometheus_client import REGISTRY
 
+from agent import runtime
 from agent.announce.inputs import OwnershipInput
 from agent.cache import new_stores
 from agent.config import AgentConfig, Pool, SyncTiming
@@ -52,6 +55,10 @@ class Clock:
 
 def unused(**kwargs: Any) -> Any:
     raise AssertionError("the loop under test must not call the API")
+
+
+def metric(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
 
 
 def make_agent() -> tuple[Agent, FakeDataplane, ListSink, Clock]:
@@ -301,3 +308,50 @@ def test_ownership_is_replanned_only_when_an_ip_s_eligible_nodes_may_have_moved(
         ("node-1", True),
         ("node-2", False),
     }
+
+
+def test_the_periodic_resync_recomputes_every_service_in_batches_and_fixes_a_missed_one(
+    monkeypatch: Any,
+) -> None:
+    monkeypatch.setattr(runtime, "SWEEP_BATCH", 2)
+    agent, dp, _, clock = make_agent()
+    feed_services(agent, *(svc(f"s{i}", ip=f"198.18.0.{200 + i}") for i in range(5)))
+    agent.step()
+    assert dp.syncs[-1][1]  # the first sync is full
+    # The incremental state misses an update: s3's result is stale (as if a change was lost).
+    stale = dataclasses.replace(agent._index.results["ns/s3"], frontends=())
+    agent._index.put(stale)
+    corrections = metric("nodelb_resync_corrections_total")
+    clock.now += 301  # the resync is due: 5 Services in batches of 2
+    hints: list[set[FrontendKey] | None] = []
+    for _ in range(3):
+        agent.step()
+        hints.append(dp.hints[-1])
+        assert not dp.syncs[-1][1], "a periodic resync sends no full transaction"
+        clock.now += 0.1  # min_interval: the next batch is due
+    assert [len(h or ()) for h in hints] == [2, 2, 1]
+    assert set().union(*(h or set() for h in hints)) == set(dp.syncs[0][0].frontends)
+    assert metric("nodelb_resync_corrections_total") == corrections + 1
+    assert dp.syncs[-1][0].frontends == dp.syncs[0][0].frontends  # s3 is back
+    syncs = len(dp.syncs)
+    clock.now += 100  # nothing is due until the next period
+    agent.step()
+    assert len(dp.syncs) == syncs
+    assert agent._schedule.full_due() == pytest.approx(clock.now - 100 - 0.1 + 300)
+
+
+def test_a_change_during_the_resync_rides_along_and_is_not_a_correction(monkeypatch: Any) -> None:
+    monkeypatch.setattr(runtime, "SWEEP_BATCH", 1)
+    agent, dp, _, clock = make_agent()
+    feed_services(agent, svc("a"), svc("b", ip="198.18.0.201"))
+    agent.step()
+    corrections = metric("nodelb_resync_corrections_total")
+    clock.now += 301
+    feed_services(agent, svc("a", port=81), svc("b", ip="198.18.0.201", port=82))
+    agent.step()  # the resync starts; its first batch is one of the two changed Services
+    assert agent._sweep is not None and len(agent._sweep) == 1
+    clock.now += 0.1
+    agent.step()  # its second batch: recomputed already, so the same result
+    assert agent._sweep is None
+    assert metric("nodelb_resync_corrections_total") == corrections
+    assert {k.port for k in dp.syncs[-1][0].frontends} == {81, 82}
