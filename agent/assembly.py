@@ -30,6 +30,7 @@ class Assembly:
 
     desired: DesiredState
     conflicts: dict[str, tuple[Problem, ...]]
+    programmed_ips: frozenset[IPAddress] = frozenset()  # every IP with a frontend
 
 
 def _age(result: ServiceResult) -> tuple[str, str, str]:
@@ -69,6 +70,7 @@ class FrontendIndex:
         self._programmed: set[IPAddress] = set()
         self._version = 0  # bumped whenever _programmed or _served changes
         self._held_cache: tuple[object, int, frozenset[IPAddress]] | None = None
+        self._programmed_cache: tuple[int, frozenset[IPAddress]] = (-1, frozenset())
 
     @property
     def results(self) -> Mapping[str, ServiceResult]:
@@ -126,6 +128,7 @@ class FrontendIndex:
                 local_cidrs=local_cidrs,
             ),
             conflicts=self._conflicts(),
+            programmed_ips=self._programmed_ips(),
         )
 
     # -- claims ------------------------------------------------------------------------------
@@ -198,6 +201,12 @@ class FrontendIndex:
         else:
             self._served.pop(ip, None)
         self._version += 1
+
+    def _programmed_ips(self) -> frozenset[IPAddress]:
+        """Return every IP with a frontend, reused while nothing moved."""
+        if self._programmed_cache[0] != self._version:
+            self._programmed_cache = (self._version, frozenset(self._programmed))
+        return self._programmed_cache[1]
 
     def _held(self, held_ips: frozenset[IPAddress] | None) -> frozenset[IPAddress]:
         """Return the held IPs that have a programmed frontend, reused while nothing moved."""

@@ -18,7 +18,7 @@ Phases, each reporting VmRSS and VmHWM (the peak is reset at the start of each p
 - partial:  `--changes` EndpointSlice changes, each applied (one endpoint replaced) as a watch
             MODIFIED event, waiting for each to reach the dataplane's mirror;
 - relist:   both Services and EndpointSlices relisted (a 410 Gone on their watches);
-- resync:   one more full sync (`Dataplane.request_full`, as the periodic resync does);
+- resync:   one more full sync (`Dataplane.request_full`, as after drift or failures);
 - drift check: the table read back and compared with the mirror (`Dataplane.check_drift`,
             what the agent does every `driftCheckPeriod`);
 - takeover: a second Dataplane syncs the same state over the existing table, as a restarted

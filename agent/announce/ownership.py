@@ -65,7 +65,7 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent.endpoints import IPFamily
 from agent.model import IPAddress
@@ -230,10 +230,22 @@ class ServiceUse:
 
 @dataclass(frozen=True, slots=True)
 class IPUse:
-    """A LoadBalancer IP and the Services using it (several when shared by a sharing key)."""
+    """A LoadBalancer IP and the Services using it (several when shared by a sharing key).
+
+    The hash is computed once: the agent keeps one IPUse per IP across plans and rebuilds
+    only those whose Services changed, and an input's frozenset of them must not re-hash
+    every Service of every IP (10k at 10k Services) each time it is built.
+    """
 
     ip: IPAddress
     services: tuple[ServiceUse, ...]
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.ip, self.services)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def family(self) -> IPFamily:

@@ -95,6 +95,7 @@ def test_incremental_join_equals_the_plain_join(
         want, conflicts = reference(list(current.values()), held)
         assert got.desired.frontends == want.frontends
         assert got.desired.held_ips == want.held_ips
+        assert got.programmed_ips == frozenset(k.ip for k in want.frontends)
         assert got.conflicts == conflicts
         assert dict(index.results) == current
 

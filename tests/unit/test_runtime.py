@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,14 +12,14 @@ import pytest
 from prometheus_client import REGISTRY
 
 from agent import runtime
-from agent.announce.inputs import OwnershipInput
+from agent.announce.inputs import OwnershipInput, ip_uses
 from agent.cache import new_stores
 from agent.config import AgentConfig, Pool, SyncTiming
 from agent.kube.events import ListSink
 from agent.kube.store import EventType
 from agent.model import DesiredState, FrontendKey, IPAddress, Protocol
 from agent.runtime import Agent, ListFns
-from agent.services import Node
+from agent.services import Node, Service
 
 
 @dataclass
@@ -355,3 +356,49 @@ def test_a_change_during_the_resync_rides_along_and_is_not_a_correction(monkeypa
     assert agent._sweep is None
     assert metric("nodelb_resync_corrections_total") == corrections
     assert {k.port for k in dp.syncs[-1][0].frontends} == {81, 82}
+
+
+def test_the_incremental_ownership_input_equals_one_built_from_scratch() -> None:
+    announcer = FakeAnnouncer()
+    cfg = AgentConfig(
+        node_name="node-1",
+        sync=SyncTiming(min_interval=0.0, full_resync_period=10**6, drift_check_period=10**6),
+    )
+    clock = Clock()
+    agent = Agent(
+        cfg,
+        dataplane=FakeDataplane(),
+        events=ListSink(),
+        lists=ListFns(unused, unused, unused),
+        clock=clock,
+        announcer=announcer,
+    )
+    agent._on_nodes([node_change(n, True) for n in ("node-1", "node-2", "node-3")])
+    rng = random.Random(7)
+    names = [f"s{i}" for i in range(12)]
+    for _ in range(200):
+        name = rng.choice(names)
+        roll = rng.random()
+        if roll < 0.5:
+            raw = svc(name, ip=f"198.18.0.{200 + rng.randrange(4)}", port=rng.randrange(80, 84))
+            if rng.random() < 0.5:
+                raw["spec"]["externalTrafficPolicy"] = "Local"
+            feed_services(agent, raw)
+        elif roll < 0.85:
+            node = rng.choice(("node-1", "node-2", "node-3"))
+            addr = f"198.19.{rng.randrange(1, 4)}.{rng.randrange(1, 250)}"
+            agent._on_slices([slice_change(name, node, addr, ready=rng.random() < 0.7)])
+        else:
+            store = new_stores()[0]
+            store.apply(EventType.ADDED, svc(name))
+            gone = store.apply(EventType.DELETED, svc(name))
+            assert gone is not None
+            agent._on_services([gone])
+        clock.now += 1
+        agent.step()
+        services = {k: s for k, s in agent._cache.services.items() if isinstance(s, Service)}
+        served = {k: r.lb_ips for k, r in agent._index.results.items() if r.lb_ips}
+        slices = {k: agent._cache.slices_of(k) for k in served if services[k].local_policy}
+        want = ip_uses(served, services, slices)
+        assert announcer.inputs, "an input was submitted"
+        assert announcer.inputs[-1].ips == want
