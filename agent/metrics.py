@@ -52,6 +52,10 @@ RESYNC_CORRECTIONS = Counter(
     "nodelb_resync_corrections_total",
     "Services the periodic resync recomputed to a result other than the one programmed.",
 )
+EVENTS_DROPPED = Counter(
+    "nodelb_events_dropped_total",
+    "Kubernetes Events not posted: the 1000-deep send queue was full, or the API refused.",
+)
 SERVICES_HANDLED = Gauge(
     "nodelb_services",
     "Services in the agent's cache that were evaluated for this node.",

@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agent import metrics
+
 log = logging.getLogger(__name__)
 
 
@@ -100,6 +102,7 @@ class KubeEventSink:
         try:
             self._queue.put_nowait(event)
         except queue.Full:
+            metrics.EVENTS_DROPPED.inc()
             log.warning("event queue full, dropping %s %s", event.reason, event.ref.name)
 
     def _loop(self) -> None:
@@ -107,6 +110,7 @@ class KubeEventSink:
             try:
                 self._api.create_namespaced_event(event.ref.namespace, body=self.body(event))
             except Exception as exc:
+                metrics.EVENTS_DROPPED.inc()
                 log.warning("cannot post event %s for %s: %s", event.reason, event.ref.name, exc)
 
     def body(self, event: Event) -> dict[str, Any]:

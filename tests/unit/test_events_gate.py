@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from prometheus_client import REGISTRY
+
 from agent.kube.events import Event, EventGate, KubeEventSink, ObjectRef
 
 REF = ObjectRef(kind="Service", namespace="ns", name="web", uid="u1")
@@ -46,3 +50,22 @@ def test_event_body_names_the_object_and_truncates_long_messages() -> None:
     assert body["type"] == "Warning"
     assert len(body["message"]) == 1024
     assert body["metadata"]["name"].startswith("web.")
+
+
+def test_events_beyond_the_queue_or_refused_by_the_api_are_counted() -> None:
+    class Refusing:
+        def create_namespaced_event(self, namespace: str, *, body: Any) -> None:
+            raise RuntimeError("apiserver says no")
+
+    def dropped() -> float:
+        return REGISTRY.get_sample_value("nodelb_events_dropped_total") or 0.0
+
+    before = dropped()
+    sink = KubeEventSink(Refusing(), component="nodelb-agent", host="node-1", maxsize=1)
+    ev = Event(ObjectRef("Service", "ns", "web", "u1"), "Warning", "Bad", "bad")
+    sink.record(ev)
+    sink.record(ev)  # the queue holds one: this one is dropped
+    assert dropped() == before + 1
+    sink.run()
+    sink.close()  # the queued one is sent and refused
+    assert dropped() == before + 2
