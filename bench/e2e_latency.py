@@ -34,6 +34,7 @@ table, then as its last line one JSON object with every figure.
 
     .venv/bin/python -m bench.e2e_latency [--services 1000,10000] [--changes 100] [--nodes 2]
         [--endpoints 10] [--threads 8] [--gap 1.0] [--timeout 20] [--announce]
+        [--resync-period S]
         [--workdir DIR (keep logs)]
 """
 
@@ -738,6 +739,12 @@ def main(argv: list[str] | None = None) -> int:
         help="agents run with the announcer on (VRRP election; each holds its share of IPs)",
     )
     p.add_argument(
+        "--resync-period",
+        type=float,
+        help="the agents' sync.fullResyncPeriod in seconds (default: the agent's, 900), to "
+        "measure changes while periodic resyncs run",
+    )
+    p.add_argument(
         "--workdir", type=Path, help="keep the lab's files and logs here (default: temporary)"
     )
     args = p.parse_args(argv)
@@ -757,7 +764,9 @@ def main(argv: list[str] | None = None) -> int:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nodelb-e2e-")))
         spec = LabSpec(nodes=args.nodes, pods_per_node=0)
         t0 = time.monotonic()
-        agent_config = LAB_ANNOUNCE if args.announce else None
+        agent_config: dict[str, Any] = dict(LAB_ANNOUNCE) if args.announce else {}
+        if args.resync_period is not None:
+            agent_config["sync"] = {"fullResyncPeriod": args.resync_period}
         with ClusterLab(spec, work / "cluster", agent_config=agent_config) as cl:
             up_s = time.monotonic() - t0
             print(f"# cluster up in {up_s:.1f}s", file=sys.stderr, flush=True)
@@ -781,6 +790,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"announcer: {'on (VRRP election)' if args.announce else 'off (every node holds every IP)'}"
     )
+    if args.resync_period is not None:
+        print(f"periodic resync every {args.resync_period:g} s (sync.fullResyncPeriod)")
     print(
         json.dumps(
             {
@@ -790,6 +801,7 @@ def main(argv: list[str] | None = None) -> int:
                 "changes": args.changes,
                 "gap_s": args.gap,
                 "announce": args.announce,
+                "resync_period_s": args.resync_period,
                 "cluster_up_s": up_s,
                 "cpus": os.cpu_count(),
                 "loadavg_start": load0,
