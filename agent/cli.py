@@ -154,6 +154,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         lists=lists,
         on_health=health_ports.update if health_ports else None,
         announcer=announcer,
+        freeze_heap=True,
     )
     held_changed.append(agent.held_changed)
     stop = threading.Event()

@@ -9,6 +9,7 @@ the Event sink. Decisions stay in the pure modules it calls.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import threading
 import time
@@ -158,6 +159,7 @@ class Agent:
         on_problem: Callable[[Problem], None] | None = None,
         on_health: Callable[[dict[int, HealthAnswer]], list[str]] | None = None,
         announcer: AnnouncerLike | None = None,
+        freeze_heap: bool = False,
     ) -> None:
         self.cfg = cfg
         self._dataplane = dataplane
@@ -167,6 +169,8 @@ class Agent:
         self._on_problem = on_problem or (lambda p: None)
         self._on_health = on_health
         self._announcer = announcer
+        self._freeze_heap = freeze_heap
+        self._freeze_due = False  # a periodic resync finished: freeze after its last sync
         self._health: dict[str, tuple[int, HealthAnswer]] = {}
         self._health_served: dict[int, HealthAnswer] = {}
         self._cache = ClusterCache(cfg.node_name)
@@ -355,6 +359,7 @@ class Agent:
                 if self._sweep is not None and not self._sweep:
                     self._sweep = None
                     self._schedule = self._schedule.resynced(now)
+                    self._freeze_due = True
         if desired is not None:
             self._sync(desired, touched, changed, full=first, now=now)
             self._serve_health()
@@ -599,10 +604,26 @@ class Agent:
             self._last_desired = desired
             if self._announcer is not None:
                 self._announcer.report(self._programmed_ips)
+            if not self.status.first_sync_done or self._freeze_due:
+                self._freeze()
             self.status.first_sync_done = True
             self.status.frontends = len(desired.frontends)
             self.ready.set()
         self._report(touched)
+
+    def _freeze(self) -> None:
+        """Move every object alive now out of the cyclic collector's sight (gc.freeze).
+
+        At 10k Services × 10 endpoints the heap holds ~850k tracked objects and a full
+        collection takes 0.25 s quiet, about a second on the loaded lab machine: a change that
+        meets one waits for it (the lab's p99 went to 0.9 s with a resync every 20 s, which
+        makes them frequent). Frozen after the first sync and after each periodic resync,
+        collections scan only what was created since. Refcounting still frees frozen objects;
+        only cyclic garbage alive at the freeze is kept, and the agent's records are acyclic.
+        """
+        self._freeze_due = False
+        if self._freeze_heap:
+            gc.freeze()
 
     def _report(self, keys: set[str]) -> None:
         now = self._clock()

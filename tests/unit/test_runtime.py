@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import ipaddress
 import random
 from dataclasses import dataclass, field
@@ -402,3 +403,37 @@ def test_the_incremental_ownership_input_equals_one_built_from_scratch() -> None
         want = ip_uses(served, services, slices)
         assert announcer.inputs, "an input was submitted"
         assert announcer.inputs[-1].ips == want
+
+
+def test_the_heap_is_frozen_after_the_first_sync_and_after_each_periodic_resync(
+    monkeypatch: Any,
+) -> None:
+    dp, clock = FakeDataplane(), Clock()
+    frozen: list[float] = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(clock.now))
+    monkeypatch.setattr(runtime, "SWEEP_BATCH", 1)
+    cfg = AgentConfig(
+        node_name="node-1",
+        sync=SyncTiming(min_interval=0.1, full_resync_period=300, drift_check_period=10**6),
+    )
+    agent = Agent(
+        cfg,
+        dataplane=dp,
+        events=ListSink(),
+        lists=ListFns(unused, unused, unused),
+        clock=clock,
+        freeze_heap=True,
+    )
+    feed_services(agent, svc("a"), svc("b", ip="198.18.0.201"))
+    agent.step()
+    assert frozen == [1000.0]
+    feed_services(agent, svc("a", port=81))
+    clock.now += 1
+    agent.step()
+    assert len(frozen) == 1  # an ordinary change does not freeze
+    clock.now += 300
+    agent.step()  # the resync's first batch
+    assert len(frozen) == 1
+    clock.now += 0.1
+    agent.step()  # its last batch
+    assert frozen[1:] == [clock.now]
