@@ -63,14 +63,25 @@ def metric(name: str) -> float:
     return REGISTRY.get_sample_value(name) or 0.0
 
 
-def make_agent() -> tuple[Agent, FakeDataplane, ListSink, Clock]:
-    cfg = AgentConfig(
-        node_name="node-1",
-        sync=SyncTiming(min_interval=0.1, full_resync_period=300, drift_check_period=60),
-    )
-    dp, sink, clock = FakeDataplane(), ListSink(), Clock()
+def make_agent(
+    *,
+    sync: SyncTiming | None = None,
+    clock: Clock | None = None,
+    config: dict[str, Any] | None = None,
+    **agent_kw: Any,
+) -> tuple[Agent, FakeDataplane, ListSink, Clock]:
+    """Return an agent on node-1 with a fake dataplane, sink and clock. `config` adds
+    AgentConfig fields, `agent_kw` Agent keywords (announcer, freeze_heap)."""
+    timing = sync or SyncTiming(min_interval=0.1, full_resync_period=300, drift_check_period=60)
+    cfg = AgentConfig(node_name="node-1", sync=timing, **(config or {}))
+    dp, sink, clock = FakeDataplane(), ListSink(), clock or Clock()
     agent = Agent(
-        cfg, dataplane=dp, events=sink, lists=ListFns(unused, unused, unused), clock=clock
+        cfg,
+        dataplane=dp,
+        events=sink,
+        lists=ListFns(unused, unused, unused),
+        clock=clock,
+        **agent_kw,
     )
     return agent, dp, sink, clock
 
@@ -178,15 +189,8 @@ def test_the_status_document_names_the_last_sync_and_every_frontend() -> None:
 
 def test_an_external_ip_follows_its_pool_address_owner_without_touching_others() -> None:
     pool = ipaddress.ip_network("198.18.0.0/24")
-    cfg = AgentConfig(
-        node_name="node-1",
-        external_ip_cidrs=(pool,),
-        pools=(Pool("lab", (pool,)),),
-        sync=SyncTiming(min_interval=0.1, full_resync_period=300, drift_check_period=60),
-    )
-    dp, clock = FakeDataplane(), Clock()
-    agent = Agent(
-        cfg, dataplane=dp, events=ListSink(), lists=ListFns(unused, unused, unused), clock=clock
+    agent, dp, _, clock = make_agent(
+        config={"external_ip_cidrs": (pool,), "pools": (Pool("lab", (pool,)),)}
     )
     web = svc("web", ip="198.18.0.200")
     web["spec"]["externalIPs"] = ["198.18.0.201"]
@@ -266,19 +270,7 @@ def node_change(name: str, ready: bool) -> Any:
 
 def test_ownership_is_replanned_only_when_an_ip_s_eligible_nodes_may_have_moved() -> None:
     announcer = FakeAnnouncer()
-    cfg = AgentConfig(
-        node_name="node-1",
-        sync=SyncTiming(min_interval=0.1, full_resync_period=300, drift_check_period=60),
-    )
-    dp, clock = FakeDataplane(), Clock()
-    agent = Agent(
-        cfg,
-        dataplane=dp,
-        events=ListSink(),
-        lists=ListFns(unused, unused, unused),
-        clock=clock,
-        announcer=announcer,
-    )
+    agent, _, _, clock = make_agent(announcer=announcer)
     local = svc("local", ip="198.18.0.201")
     local["spec"]["externalTrafficPolicy"] = "Local"
     feed_services(agent, svc("web"), local)
@@ -361,17 +353,8 @@ def test_a_change_during_the_resync_rides_along_and_is_not_a_correction(monkeypa
 
 def test_the_incremental_ownership_input_equals_one_built_from_scratch() -> None:
     announcer = FakeAnnouncer()
-    cfg = AgentConfig(
-        node_name="node-1",
+    agent, _, _, clock = make_agent(
         sync=SyncTiming(min_interval=0.0, full_resync_period=10**6, drift_check_period=10**6),
-    )
-    clock = Clock()
-    agent = Agent(
-        cfg,
-        dataplane=FakeDataplane(),
-        events=ListSink(),
-        lists=ListFns(unused, unused, unused),
-        clock=clock,
         announcer=announcer,
     )
     agent._on_nodes([node_change(n, True) for n in ("node-1", "node-2", "node-3")])
@@ -408,19 +391,12 @@ def test_the_incremental_ownership_input_equals_one_built_from_scratch() -> None
 def test_the_heap_is_frozen_after_the_first_sync_and_after_each_periodic_resync(
     monkeypatch: Any,
 ) -> None:
-    dp, clock = FakeDataplane(), Clock()
+    clock = Clock()
     frozen: list[float] = []
     monkeypatch.setattr(gc, "freeze", lambda: frozen.append(clock.now))
     monkeypatch.setattr(runtime, "SWEEP_BATCH", 1)
-    cfg = AgentConfig(
-        node_name="node-1",
+    agent, _, _, _ = make_agent(
         sync=SyncTiming(min_interval=0.1, full_resync_period=300, drift_check_period=10**6),
-    )
-    agent = Agent(
-        cfg,
-        dataplane=dp,
-        events=ListSink(),
-        lists=ListFns(unused, unused, unused),
         clock=clock,
         freeze_heap=True,
     )
