@@ -105,18 +105,25 @@ class LibNftRunner:
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
 
-    def _list(self, command: str, *, json_output: bool) -> tuple[int, str, str]:
-        """Run a listing command in a fresh context; free the context and its cache after."""
+    def _list(self, family: str, name: str, *, json_output: bool) -> str | None:
+        """Return `list table` output from a fresh context (freed, with its cache, after),
+        or None if the table is absent. Raises NftError for any other failure."""
         if netns_inode() != self._netns:
             raise NftError("a listing was asked from a thread in another network namespace")
         with self._read_lock:
             ctx: Any = nftables.Nftables()
             ctx.set_json_output(json_output)
             ctx.set_terse_output(not json_output)
-            rc, out, err = ctx.cmd(command)
+            rc, out, err = ctx.cmd(f"list table {family} {name}")
             del ctx
             release_memory()
-        return rc, str(out), str(err)
+        if rc == 0:
+            return str(out)
+        err = str(err).strip()
+        if "No such file or directory" in err:
+            return None
+        flag = "-j" if json_output else "-t"
+        raise NftError(f"nft {flag} list table {family} {name} failed (rc={rc}): {err}", err)
 
     def run(self, text: str) -> None:
         """Run `text` as one batch; raise NftError with nft's error text if it is refused."""
@@ -130,17 +137,8 @@ class LibNftRunner:
 
     def list_table(self, family: str, name: str) -> dict[str, Any] | None:
         """Return the table as parsed `nft -j list table` output, or None if it is absent."""
-        rc, out, err = self._list(f"list table {family} {name}", json_output=True)
-        if rc != 0:
-            err = str(err).strip()
-            if "No such file or directory" in err:
-                return None
-            raise NftError(f"nft list table {family} {name} failed (rc={rc}): {err}", err)
-        parsed = cast(dict[str, Any], orjson.loads(out))
-        if len(out) >= TRIM_AFTER_BYTES:
-            del out
-            release_memory()
-        return parsed
+        out = self._list(family, name, json_output=True)
+        return None if out is None else cast(dict[str, Any], orjson.loads(out))
 
     def list_declarations(self, family: str, name: str) -> str | None:
         """Return the table as terse text (no set elements), or None if it is absent.
@@ -148,13 +146,7 @@ class LibNftRunner:
         What a full sync needs to know of an existing table. The output is small, but nft
         still fetches every element from the kernel: about 3.7 s for 10k Services.
         """
-        rc, out, err = self._list(f"list table {family} {name}", json_output=False)
-        if rc != 0:
-            err = str(err).strip()
-            if "No such file or directory" in err:
-                return None
-            raise NftError(f"nft -t list table {family} {name} failed (rc={rc}): {err}", err)
-        return out
+        return self._list(family, name, json_output=False)
 
 
 def _setns(path: Path) -> None:
