@@ -24,6 +24,7 @@ from agent import metrics
 from agent.announce.inputs import (
     SOURCES_ANNOTATION,
     OwnershipInput,
+    ip_use,
     local_nodes,
     node_states,
     parse_sources,
@@ -519,8 +520,7 @@ class Agent:
         for ip in touched:
             users = self._ip_users.get(ip)
             if users:
-                uses = tuple(sorted(users.values(), key=lambda u: u.service))
-                self._ip_uses[ip] = IPUse(ip, uses)
+                self._ip_uses[ip] = ip_use(ip, users.values())
             else:
                 self._ip_users.pop(ip, None)
                 self._ip_uses.pop(ip, None)

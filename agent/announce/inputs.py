@@ -67,9 +67,13 @@ def ip_uses(
             nodes = local_nodes(slices_of.get(key, ()), ip.version) if svc.local_policy else None
             use = ServiceUse(key, svc.local_policy, nodes or frozenset())
             by_ip.setdefault(ip, []).append(use)
-    return frozenset(
-        IPUse(ip, tuple(sorted(uses, key=lambda u: u.service))) for ip, uses in by_ip.items()
-    )
+    return frozenset(ip_use(ip, uses) for ip, uses in by_ip.items())
+
+
+def ip_use(ip: IPAddress, uses: Iterable[ServiceUse]) -> IPUse:
+    """Return the record of `ip` used by `uses` (ordered by Service, so equal uses compare
+    equal)."""
+    return IPUse(ip, tuple(sorted(uses, key=lambda u: u.service)))
 
 
 def held_by(plan: Plan, node: str) -> dict[IPAddress, int]:
