@@ -353,8 +353,7 @@ def split_full(tx: Transaction) -> FullSplit | None:
     cleanup: list[Op] = []
     seen_elements = False
     for op in tx.ops:
-        kind, _, rest = op.obj.partition(" ")
-        name = rest[len(L.TABLE) + 1 :].split(" ", 1)[0] if rest.startswith(L.TABLE) else ""
+        kind, name = op.target(L.TABLE)
         if kind == "table" and op.verb == "delete":
             return None  # the replacing shape: one libnftables batch
         encodable = set_shape(name) is not None
@@ -378,8 +377,7 @@ def parse_elements(ops: Iterable[Op]) -> Iterator[ElementOp]:
     """Yield the ElementOps of `FullSplit.elements`, one at a time (raises Unsupported)."""
     for op in ops:
         if op.verb == "flush":
-            kind, _, rest = op.obj.partition(" ")
-            name = rest[len(L.TABLE) + 1 :]
+            kind, name = op.target(L.TABLE)
             if kind not in ("set", "map") or set_shape(name) is None:
                 raise Unsupported(f"cannot flush {op.obj}")
             yield ElementOp("flush", name, ())

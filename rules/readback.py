@@ -112,14 +112,12 @@ def _is_dynamic(name: str) -> bool:
 
 def _structure(ops: Iterable[Op], sets: dict[str, frozenset[str]], chains: dict[str, int]) -> None:
     """Record the sets, maps, chains and rule counts that `ops` create."""
-    prefix = L.TABLE + " "
     for op in ops:
         if op.verb != "add":
             continue
-        kind, _, rest = op.obj.partition(" ")
-        if not rest.startswith(prefix):
+        kind, name = op.target(L.TABLE)
+        if not name:
             continue
-        name = rest[len(prefix) :].split(" ", 1)[0]
         if kind in ("set", "map"):
             sets.setdefault(name, frozenset())
         elif kind == "chain":

@@ -320,8 +320,7 @@ def render(
     had_sets = existing.sets if existing is not None else {}
     ops = [create]
     for op in body:
-        kind, _, rest = op.obj.partition(" ")
-        name = rest[len(_T) + 1 :].split(" ", 1)[0]
+        kind, name = op.target(_T)
         if name in had_chains and L.is_dispatch_object(name):
             continue  # kept as it is: its content is a function of its name (and the comment)
         ops.append(op)

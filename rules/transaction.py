@@ -29,6 +29,16 @@ class Op:
         """Return the command line nft reads, without a trailing newline."""
         return f"{self.verb} {self.obj}"
 
+    def target(self, table: str) -> tuple[str, str]:
+        """Return (kind, name) of the object: ("chain", "ep4_3") for `chain inet nodelb ep4_3`
+        with `table` "inet nodelb". The name is "" for a table, and for an object of another
+        table."""
+        kind, _, rest = self.obj.partition(" ")
+        prefix = table + " "
+        if kind == "table" or not rest.startswith(prefix):
+            return kind, ""
+        return kind, rest[len(prefix) :].split(" ", 1)[0]
+
 
 @dataclass(frozen=True, slots=True)
 class Transaction:
