@@ -47,8 +47,9 @@ class GratuitousConfig:
 class InstanceConfig:
     """One virtual router: VRID and family (the key), and how this node runs it.
 
-    `advert_interval_cs` is in centiseconds (1..4095), `preempt_delay_cs` too. `addresses`
-    must all be of `family` (4 or 6); an instance carries at least one.
+    `advert_interval_cs` is in centiseconds (1..4095), `preempt_delay_cs` and
+    `startup_delay_cs` (added to the first Master_Down_Timer after the instance starts) too.
+    `addresses` must all be of `family` (4 or 6); an instance carries at least one.
     """
 
     vrid: int
@@ -57,6 +58,7 @@ class InstanceConfig:
     advert_interval_cs: int = DEFAULT_ADVER_INT_CS
     preempt: bool = True
     preempt_delay_cs: int = 0
+    startup_delay_cs: int = 0
     addresses: tuple[IPAddress, ...] = ()
 
     def __post_init__(self) -> None:
@@ -70,6 +72,8 @@ class InstanceConfig:
             raise ValueError(f"advert interval must be 1..4095 cs, got {self.advert_interval_cs}")
         if self.preempt_delay_cs < 0:
             raise ValueError(f"preempt delay must be >= 0, got {self.preempt_delay_cs}")
+        if self.startup_delay_cs < 0:
+            raise ValueError(f"startup delay must be >= 0, got {self.startup_delay_cs}")
         if not 1 <= len(self.addresses) <= 255:
             raise ValueError(f"an instance carries 1..255 addresses, got {len(self.addresses)}")
         wrong = [a for a in self.addresses if a.version != self.family]
@@ -139,6 +143,7 @@ def to_json(config: SpeakerConfig) -> dict[str, Any]:
                 "advert_interval_cs": i.advert_interval_cs,
                 "preempt": i.preempt,
                 "preempt_delay_cs": i.preempt_delay_cs,
+                "startup_delay_cs": i.startup_delay_cs,
                 "addresses": [str(a) for a in i.addresses],
             }
             for i in config.instances
@@ -170,6 +175,7 @@ def from_json(raw: dict[str, Any]) -> SpeakerConfig:
                 advert_interval_cs=int(i.get("advert_interval_cs", DEFAULT_ADVER_INT_CS)),
                 preempt=bool(i.get("preempt", True)),
                 preempt_delay_cs=int(i.get("preempt_delay_cs", 0)),
+                startup_delay_cs=int(i.get("startup_delay_cs", 0)),
                 addresses=tuple(ipaddress.ip_address(a) for a in i["addresses"]),
             )
             for i in raw.get("instances", ())

@@ -14,7 +14,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from agent.announce.config import InstanceConfig, SpeakerConfig
-from agent.announce.ownership import IPUse, NodeState, Plan, ServiceUse, instances_for
+from agent.announce.ownership import (
+    IPUse,
+    NodeState,
+    Plan,
+    ServiceUse,
+    instances_for,
+    startup_delay_cs,
+)
 from agent.announce.settings import AnnounceSettings
 from agent.endpoints import AddressType, Slice
 from agent.model import IPAddress
@@ -134,6 +141,7 @@ def speaker_config(
                 advert_interval_cs=settings.advert_interval_cs,
                 preempt=settings.preempt,
                 preempt_delay_cs=settings.preempt_delay_cs,
+                startup_delay_cs=startup_delay_cs(inst.priority, settings.advert_interval_cs),
                 addresses=inst.addresses,
             )
         )

@@ -77,6 +77,7 @@ MAX_ADDRESSES_IPV4 = 255
 MAX_ADDRESSES_IPV6 = 90
 MAX_PRIORITY = 254  # 255 means "address owner" (RFC 5798 §5.2.4); nodelb never owns an IP
 MIN_PRIORITY = 1  # 0 means "resigning" (§5.2.4)
+STAGGERED_RANKS = 3  # ranks past this wait no longer at Startup (see startup_delay_cs)
 VRID_MIN, VRID_MAX = 1, 255  # §5.2.3
 
 
@@ -347,6 +348,24 @@ def priority_for_rank(rank: int) -> int:
     if rank < 0:
         raise ValueError(f"rank {rank} is negative")
     return max(MAX_PRIORITY - rank, MIN_PRIORITY)
+
+
+def startup_delay_cs(priority: int, advert_interval_cs: int) -> int:
+    """Return how much longer than Master_Down_Interval a new instance waits before its first
+    takeover: one advert interval per rank below the preferred holder, at most
+    STAGGERED_RANKS intervals.
+
+    Why: Skew_Time separates two ranks by only interval/256 (4 ms at 1 s), while agents see
+    a new Service tens to hundreds of ms apart. Without the stagger the first Master of a new
+    IP is whichever node's agent was quickest, and the preferred holder preempts it a moment
+    later: a second gratuitous burst, a second IPAnnounced Event, and every connection open
+    at the switch broken. With it, the preferred holder wins the first election unless it
+    starts the instance more than one interval after the next rank. When it is not running
+    at all, the IP comes up one interval later. Only the first Master_Down_Timer is longer:
+    failover timing is unchanged.
+    """
+    rank = MAX_PRIORITY - priority
+    return max(0, min(rank, STAGGERED_RANKS)) * advert_interval_cs
 
 
 _HRW = hashlib.blake2b(b"nodelb-hrw\0", digest_size=8)

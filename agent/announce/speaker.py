@@ -327,6 +327,7 @@ class Speaker:
                     advertisement_interval=cfg.advert_interval_cs,
                     preempt=cfg.preempt,
                     preempt_delay=cfg.preempt_delay_cs,
+                    startup_delay=cfg.startup_delay_cs,
                 )
                 run = Running(config=cfg, instance=instance)
                 self.running[key] = run
@@ -346,6 +347,7 @@ class Speaker:
             advertisement_interval=cfg.advert_interval_cs,
             preempt=cfg.preempt,
             preempt_delay=cfg.preempt_delay_cs,
+            startup_delay=cfg.startup_delay_cs,
         )
         if run.instance.state is vs.State.MASTER and cfg.addresses != old.addresses:
             gone = [a for a in old.addresses if a not in cfg.addresses]

@@ -22,9 +22,11 @@ Beyond the RFC table: a Master hearing a lower-ranked Master (a healed partition
 at once and re-sends its gratuitous announcements instead of discarding the advert silently;
 `PriorityChanged` (a Master re-advertises at once; Backups just take the
 new value), `preempt_delay` (keepalived's meaning: for that long after Startup a Backup does
-not preempt a lower-priority Master), and the addresses: `AddAddresses` on becoming Master,
-`RemoveAddresses` on leaving it. Accept_Mode is not modelled (nodelb's rules decide what a
-held address accepts).
+not preempt a lower-priority Master), `startup_delay` (added to the first Master_Down_Timer
+after Startup only, so that the preferred router wins the first election of a new instance
+even when it started it a little later; nodelb sets it by rank), and the addresses:
+`AddAddresses` on becoming Master, `RemoveAddresses` on leaving it. Accept_Mode is not
+modelled (nodelb's rules decide what a held address accepts).
 """
 
 from __future__ import annotations
@@ -180,7 +182,8 @@ class VrrpInstance:
 
     Configuration: `vrid`, `priority` (1..255; 255 = address owner, which starts as Master),
     `primary_ip` (this node's address on the segment, used for the §6.4.3 tie-break),
-    `advertisement_interval` (cs), `preempt`, `preempt_delay` (cs after Startup).
+    `advertisement_interval` (cs), `preempt`, `preempt_delay` (cs after Startup),
+    `startup_delay` (cs added to the first Master_Down_Timer after Startup).
     State: `state`; `master_adver_interval` (cs; learned from the Master's adverts);
     `adver_timer_at` / `master_down_at` (µs deadlines, None when that timer is not running);
     `started_at` (µs, None before Startup); `master` (the current Master's address as last
@@ -193,6 +196,7 @@ class VrrpInstance:
     advertisement_interval: int = DEFAULT_ADVER_INT_CS
     preempt: bool = True
     preempt_delay: int = 0
+    startup_delay: int = 0
     state: State = State.INITIALIZE
     master_adver_interval: int = DEFAULT_ADVER_INT_CS
     adver_timer_at: int | None = None
@@ -211,6 +215,8 @@ class VrrpInstance:
             )
         if self.preempt_delay < 0:
             raise ValueError(f"preempt_delay must be >= 0, got {self.preempt_delay}")
+        if self.startup_delay < 0:
+            raise ValueError(f"startup_delay must be >= 0, got {self.startup_delay}")
 
     @property
     def skew_time(self) -> int:
@@ -276,7 +282,8 @@ def _initialize(inst: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[A
         master_adver_interval=inst.advertisement_interval,
         master=None,
     )
-    return _restart_master_down(learned, now + learned.master_down_interval)
+    first = learned.master_down_interval + inst.startup_delay * US_PER_CS
+    return _restart_master_down(learned, now + first)
 
 
 def _backup(inst: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Action, ...]]:

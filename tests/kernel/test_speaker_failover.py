@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from agent.announce.config import InstanceConfig, SpeakerConfig, to_json
+from agent.announce.ownership import startup_delay_cs
 from agent.announce.process import SpeakerProcess, Status, read_status
 from agent.announce.vrrp_state import master_down_interval, skew_time
 from agent.lab import netns
@@ -410,3 +411,44 @@ def test_a_graceful_handover_loses_no_request(
         wait_until(partial(answering, lab, loop, n2.name, event, 5), TIMEOUT, "node-2 serving")
         after = [who for t, who in replies(lab, loop) if t >= event]
         assert None not in after, f"round {round_}: requests lost during the handover: {after}"
+
+
+def test_a_new_instance_started_late_on_the_preferred_node_is_never_held_by_the_next_rank(
+    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess]
+) -> None:
+    # As the agent configures them: priorities 254 / 253 (ranks 0 / 1) and the next rank's
+    # first Master_Down_Timer one interval longer. The preferred node gets the instance only
+    # once the other reports it running, as when its agent saw the new Service later; Skew_Time
+    # alone (interval/256 apart) would let the next rank take the IP and be preempted.
+    lab = make_lab(LabSpec(nodes=2, pods_per_node=0, with_controlplane=False, with_client=False))
+    n1, n2 = lab.nodes
+    interval = 100  # 1 s: the preferred node may start up to one interval late
+
+    def new(priority: int) -> list[InstanceConfig]:
+        delay = startup_delay_cs(priority, interval)
+        return [
+            InstanceConfig(
+                vrid=VRID,
+                family=4,
+                priority=priority,
+                advert_interval_cs=interval,
+                startup_delay_cs=delay,
+                addresses=(VIP4,),
+            )
+        ]
+
+    preferred = start_speaker(lab, n1, speaker_config(lab, n1, []), name="n1")
+    speakers.append(preferred)
+    second = start_speaker(lab, n2, speaker_config(lab, n2, []), name="n2")
+    speakers.append(second)
+    second.update(speaker_config(lab, n2, new(253)))
+    wait_until(lambda: state_of(second, 4) == "Backup", TIMEOUT, "node-2 running the instance")
+    preferred.update(speaker_config(lab, n1, new(254)))
+    wait_until(lambda: state_of(preferred, 4) == "Master", TIMEOUT, "node-1 taking the IP")
+    wait_until(lambda: master_is(second, 4, n1.ip4), TIMEOUT, "node-2 hearing node-1")
+    assert holds(n1, VIP4) and not holds(n2, VIP4)
+    status = second.status()
+    assert status is not None
+    inst = status.instance(4, VRID)
+    assert inst is not None
+    assert dict(inst.transitions) == {"Backup": 1}, inst.transitions

@@ -7,7 +7,7 @@ import ipaddress
 import pytest
 
 from agent.announce.inputs import ip_uses, node_states, parse_sources, peer_sources, speaker_config
-from agent.announce.ownership import OwnershipConfig, plan
+from agent.announce.ownership import OwnershipConfig, plan, rank_nodes
 from agent.announce.settings import AnnounceConfigError, parse_announce
 from agent.endpoints import AddressType, Slice, SliceEndpoint
 from agent.services import Node, parse_service
@@ -114,3 +114,24 @@ def test_without_an_ipv4_source_the_node_runs_no_ipv4_instance() -> None:
         peers=frozenset(),
     )
     assert sorted(i.family for i in with_v4.instances) == [4, 6]
+
+
+def test_each_node_runs_a_new_instance_with_the_startup_delay_of_its_rank() -> None:
+    settings = parse_announce({"advertIntervalCs": 20})
+    names = ["n1", "n2", "n3"]
+    nodes = node_states([Node(n, None, True, (), ()) for n in names])
+    uses = ip_uses({"ns/a": [IP("198.19.0.1")]}, {"ns/a": service("a", "198.19.0.1")}, {})  # type: ignore[dict-item]
+    p = plan(nodes=nodes, ips=uses, config=settings.ownership)
+    ranked = rank_nodes(IP("198.19.0.1"), names)
+    delays = {}
+    for name in names:
+        cfg = speaker_config(
+            node=name,
+            plan=p,
+            settings=settings,
+            source4=ipaddress.IPv4Address("198.18.0.11"),
+            peers=frozenset(),
+        )
+        [inst] = cfg.instances
+        delays[name] = (inst.priority, inst.startup_delay_cs)
+    assert [delays[n] for n in ranked] == [(254, 0), (253, 20), (252, 40)]

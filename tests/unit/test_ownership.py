@@ -41,6 +41,7 @@ from agent.announce.ownership import (
     plan,
     priority_for_rank,
     rank_nodes,
+    startup_delay_cs,
 )
 from agent.endpoints import IPFamily
 from agent.model import IPAddress
@@ -453,6 +454,21 @@ def test_label_selector(selector: NodeSelector, labels: dict[str, str], matches:
 )
 def test_priority_for_rank(rank: int, priority: int) -> None:
     assert priority_for_rank(rank) == priority
+
+
+@pytest.mark.parametrize(
+    ("rank", "delay"),
+    [
+        pytest.param(0, 0, id="the preferred holder waits the plain Master_Down_Interval"),
+        pytest.param(1, 20, id="the first backup waits one interval more"),
+        pytest.param(2, 40, id="the second backup two"),
+        pytest.param(3, 60, id="the third three"),
+        pytest.param(250, 60, id="ranks past the third wait no longer (bounded first election)"),
+        pytest.param(400, 60, id="ranks sharing priority 1 too"),
+    ],
+)
+def test_startup_delay_grows_by_one_interval_per_rank_up_to_three(rank: int, delay: int) -> None:
+    assert startup_delay_cs(priority_for_rank(rank), 20) == delay
 
 
 def test_negative_rank_is_refused() -> None:

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.announce.ownership import startup_delay_cs
 from agent.announce.vrrp_state import (
     EVENT_TYPES,
     Action,
@@ -123,6 +124,16 @@ CASES = [
             (("master_adver_interval", 10), ("started_at", NOW)),
         ),
         id="startup with keepalived's 0.1 s interval at priority 150: skew 41 406 us",
+    ),
+    pytest.param(
+        Case(
+            replace(INIT, startup_delay=200),
+            Startup(NOW),
+            BK,
+            (StartMasterDownTimer(NOW + MDI + 2 * SECOND),),
+            (("startup_delay", 200),),
+        ),
+        id="a startup delay (2 s) lengthens the first Master_Down_Timer only",
     ),
     pytest.param(
         Case(
@@ -363,12 +374,14 @@ class Sim:
     adver_gen: list[int] = field(default_factory=list)
     down_gen: list[int] = field(default_factory=list)
     running: list[set[str]] = field(default_factory=list)
+    takeovers: list[int] = field(default_factory=list)  # AddAddresses per node
     now: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.nodes)
         self.adver_gen, self.down_gen = [0] * n, [0] * n
         self.running = [set() for _ in range(n)]
+        self.takeovers = [0] * n
 
     def at(self, when: int, node: int, event: Event, gen: int = -1) -> None:
         heapq.heappush(self.queue, (when, next(self.seq), node, event, gen))
@@ -409,6 +422,8 @@ class Sim:
             self.down_gen[k] += 1
             self.running[k].add("MasterDownTimerFired")
             self.at(action.at, k, MasterDownTimerFired(action.at), self.down_gen[k])
+        elif isinstance(action, AddAddresses):
+            self.takeovers[k] += 1
         elif isinstance(action, CancelTimers):
             self.adver_gen[k] += 1
             self.down_gen[k] += 1
@@ -430,6 +445,7 @@ def elections(draw: st.DrawFn) -> tuple[list[VrrpInstance], list[int], int]:
             primary_ip=IPv4Address(f"198.18.0.{octet}"),
             advertisement_interval=interval,
             preempt=draw(st.booleans()),
+            startup_delay=draw(st.integers(0, 3 * interval)),
         )
         for octet in last_octets
     ]
@@ -470,6 +486,37 @@ def test_instances_given_the_same_adverts_converge_to_exactly_one_master(
     if all(n.preempt for n in nodes):
         rest = [n for k, n in enumerate(sim.nodes) if k != winner]
         assert sim.nodes[masters[0]].priority == max(n.priority for n in rest)
+
+
+@pytest.mark.parametrize(
+    ("stagger", "takeovers"),
+    [
+        pytest.param(False, [1, 1], id="without it the quicker backup wins and is preempted"),
+        pytest.param(True, [1, 0], id="with it the late preferred router is the only Master"),
+    ],
+)
+def test_a_startup_delay_by_rank_lets_a_late_preferred_router_win_the_first_election(
+    stagger: bool, takeovers: list[int]
+) -> None:
+    # The preferred router's agent saw the new instance half an interval after the next rank's:
+    # Skew_Time separates priorities 254 and 253 by 1/256 of an interval only.
+    interval = 100
+    preferred = VrrpInstance(
+        vrid=51, priority=254, primary_ip=LOWER_IP, advertisement_interval=interval
+    )
+    second = VrrpInstance(
+        vrid=51,
+        priority=253,
+        primary_ip=HIGHER_IP,
+        advertisement_interval=interval,
+        startup_delay=startup_delay_cs(253, interval) if stagger else 0,
+    )
+    sim = Sim([preferred, second], latency=1_000)
+    sim.at(0, 1, Startup(0))
+    sim.at(SECOND // 2, 0, Startup(SECOND // 2))
+    sim.run_until(20 * SECOND)
+    assert sim.masters() == [0]
+    assert sim.takeovers == takeovers
 
 
 def test_a_resignation_hands_over_within_skew_time_not_master_down_interval() -> None:
