@@ -120,6 +120,7 @@ class _Write:
     result: AllocationResult
     plan: StatusPlan
     reallocated: str | None
+    problem: Event | None  # the Warning about the request, sent once this write succeeded
 
 
 def namespace_labels(obj: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -393,7 +394,7 @@ class Controller:
             self._limiter.forget(service=key)
         if not result.allocated and result.reason is not AllocationReason.NOT_OURS:
             metrics.ALLOCATION_FAILURES.labels(result.reason).inc()
-        self._report(problem_event(view, result))
+        problem = problem_event(view, result)
         plan = plan_status(
             view,
             request,
@@ -402,9 +403,12 @@ class Controller:
             now=datetime.datetime.now(datetime.UTC),
         )
         if plan is None:
+            self._report(problem)  # the status already says it
             return
+        # The Warning waits for the write: a reader who sees it must find the status (the
+        # Serving=False condition, no address) that it explains.
         self._inflight.add(key)
-        write = _Write(key, view, result, plan, self._reallocated.pop(key, None))
+        write = _Write(key, view, result, plan, self._reallocated.pop(key, None), problem)
         future = self._writer.submit(self._write, write)
         future.add_done_callback(lambda f: self._completed(write, f))
 
@@ -457,6 +461,7 @@ class Controller:
                 self._announce(write)
 
     def _announce(self, write: _Write) -> None:
+        self._report(write.problem)
         for event in allocation_events(
             write.view, write.result, write.plan, reallocated=write.reallocated
         ):
