@@ -91,9 +91,8 @@ def settled(cluster: ClusterLab, ip: IPAddress) -> bool:
     Every node is eligible for a Cluster-policy IP, so the preferred holder is the first of
     all nodes by rendezvous rank. Until it holds the IP the election is still moving: the
     first Master of a new instance is whichever node's timer fired first, and the preferred
-    node preempts it when its own fires (later if its agent saw the Service later). A
-    connection open at the moment the client's entry moves breaks (its conntrack state is on
-    the old holder), so a test that counts failed requests starts from here."""
+    node preempts it when its own fires (later if its agent saw the Service later). A test
+    that counts failed requests starts from here, so that it measures a settled holder."""
     preferred = rank_nodes(ip, (n.name for n in cluster.nodes))[0]
     found = holders(cluster, ip)
     return [n.name for n in found] == [preferred] and entry_names(cluster, ip, found[0])
