@@ -88,6 +88,7 @@ log = logging.getLogger(__name__)
 LEASE_NAME = "nodelb-controller"
 MERGE_PATCH = "application/merge-patch+json"
 METRICS_PERIOD = 1.0  # seconds between two exports of the pool gauges
+REFUSED_RECHECK = 60.0  # seconds before unchanged refused content is checked again
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,15 @@ class _Write:
     problem: Event | None  # the Warning about the request, sent once this write succeeded
 
 
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    """The last configuration refused: its digest (empty when unreadable) and the reason."""
+
+    digest: bytes
+    message: str
+    recheck_at: float  # monotonic: check the same content against the Nodes again after this
+
+
 def namespace_labels(obj: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     """Return a Namespace's labels, sorted (what pool namespace selectors match)."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
@@ -154,6 +164,7 @@ class Controller:
         self._serving: frozenset[IPAddress] = frozenset()
         self._config: ControllerConfig | None = None
         self._config_digest = b""
+        self._refused: _Refusal | None = None
         self._next_reload = 0.0
         self._next_metrics = 0.0
         self.services: Store[ServiceView] = Store(self._parse_view)
@@ -321,27 +332,52 @@ class Controller:
     # -- configuration ---------------------------------------------------------------------
 
     def _load_config(self, *, initial: bool) -> bool:
-        """Return True when a new, valid configuration was loaded (keeps the old on error)."""
+        """Return True when a new, valid configuration was loaded (keeps the old on error).
+
+        A refused file is reported (log line, `nodelb_config_reloads_total{result="error"}`)
+        once per distinct refusal, not at every reload period, and the same refused content is
+        checked against the Nodes again only every REFUSED_RECHECK seconds: each check lists
+        every Node, which a large cluster should not pay every 2 s for a file nobody changed.
+        """
         path = self._settings.config_path
+        now = time.monotonic()
+        digest = b""
         try:
             raw = read_document(path) if path is not None else {}
             digest = hashlib.sha256(orjson.dumps(raw, option=orjson.OPT_SORT_KEYS)).digest()
             if digest == self._config_digest and not initial:
                 return False
+            refused = self._refused
+            if refused is not None and refused.digest == digest and now < refused.recheck_at:
+                return False
             nodes: Any = self._core.list_node(_preload_content=False)
             cluster = cluster_addresses(orjson.loads(nodes.data).get("items") or [])
             cfg = parse_controller_config(raw, cluster=cluster)
-        except (ConfigError, ApiException) as exc:
-            metrics.CONFIG_RELOADS.labels("error").inc()
-            log.error("configuration refused; keeping the previous one: %s", exc)
+        except ConfigError as exc:
+            self._refuse(_Refusal(digest, str(exc), now + REFUSED_RECHECK))
             if initial and self._config is None:
                 raise
             return False
+        except ApiException as exc:  # could not check it: try again at the next period
+            metrics.CONFIG_RELOADS.labels("error").inc()
+            log.error("configuration not checked; keeping the previous one: %s", exc)
+            if initial and self._config is None:
+                raise
+            return False
+        self._refused = None
         self._config, self._config_digest = cfg, digest
         metrics.CONFIG_RELOADS.labels("ok").inc()
         pools = "unset" if cfg.pools is None else ", ".join(p.name for p in cfg.pools.pools)
         log.info("configuration loaded", extra={"pools": pools})
         return not initial
+
+    def _refuse(self, refusal: _Refusal) -> None:
+        last = self._refused
+        self._refused = refusal
+        if last is not None and (last.digest, last.message) == (refusal.digest, refusal.message):
+            return  # already reported
+        metrics.CONFIG_RELOADS.labels("error").inc()
+        log.error("configuration refused; keeping the previous one: %s", refusal.message)
 
     # -- allocation ------------------------------------------------------------------------
 
