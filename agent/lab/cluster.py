@@ -799,18 +799,23 @@ class ClusterLab(UpDown):
             return None
         return cast(dict[str, Any], json.loads(proc.stdout))
 
-    def frontends(self, node_name: str) -> set[tuple[IPAddress, int, int]]:
-        """Return every (ip, proto number, port) the node's nodelb table knows as a frontend."""
-        found: set[tuple[IPAddress, int, int]] = set()
-        for keys in frontend_keys(self.nodelb_table(node_name)).values():
-            found |= keys
-        return found
-
-    def has_rule(self, node_name: str, ip: str, port: int, protocol: str = "tcp") -> bool:
+    def has_rule(
+        self,
+        node_name: str,
+        ip: str,
+        port: int,
+        protocol: str = "tcp",
+        *,
+        with_endpoints: bool = False,
+    ) -> bool:
         """Return True when the node's nodelb table has a frontend element for ip/proto/port
-        (in `ext`, `int`, `noep` or `drop`)."""
+        (in `ext`, `int`, `noep` or `drop`; with `with_endpoints`, not in `noep`: the node
+        has seen the Service's endpoints)."""
         key = (ipaddress.ip_address(ip), _PROTO_NUMBERS[protocol.lower()], port)
-        return key in self.frontends(node_name)
+        maps = [m for m, keys in frontend_keys(self.nodelb_table(node_name)).items() if key in keys]
+        if with_endpoints and any(m.startswith("noep") for m in maps):
+            return False
+        return bool(maps)
 
     def wait_rules(
         self,
@@ -821,16 +826,19 @@ class ClusterLab(UpDown):
         protocol: str = "tcp",
         nodes: Sequence[str] | None = None,
         timeout: float = RULES_TIMEOUT,
+        with_endpoints: bool = False,
     ) -> None:
         """Poll each node's nodelb table until the frontend ip/proto/port is present (or
-        absent) everywhere; raises WaitTimeout naming the nodes that lag, with agent logs."""
+        absent) everywhere, with `with_endpoints` outside `noep`; raises WaitTimeout naming
+        the nodes that lag, with agent logs."""
         names = list(nodes) if nodes is not None else [n.name for n in self.nodes]
         lagging: list[str] = []
 
+        def present(n: str) -> bool:
+            return self.has_rule(n, ip, port, protocol, with_endpoints=with_endpoints)
+
         def settled() -> bool:
-            lagging[:] = [
-                n for n in names if self.has_rule(n, ip, port, protocol) != expect_present
-            ]
+            lagging[:] = [n for n in names if present(n) != expect_present]
             return not lagging
 
         what = f"{ip} {protocol}/{port} to be {'present' if expect_present else 'absent'}"

@@ -144,12 +144,14 @@ def serve(
     ports: Sequence[SvcPort] = (HTTP,),
     **kwargs: Any,
 ) -> None:
-    """Create Service `name` with LoadBalancer `ips`, write its slices, wait for the rules."""
+    """Create Service `name` with LoadBalancer `ips`, write its slices, and wait until every
+    node's rules have them (out of `noep`: a node that had not seen the slices yet would
+    refuse the first requests)."""
     cleanup.append((name, ips))
     cluster.create_service(name, ports=ports, lb_ip=list(ips), **kwargs)
     cluster.write_endpointslices(name, pods, hints=hints)
     for ip in ips:
-        cluster.wait_rules(ip, ports[0].port, protocol=ports[0].protocol)
+        cluster.wait_rules(ip, ports[0].port, protocol=ports[0].protocol, with_endpoints=bool(pods))
 
 
 def wait_event(
