@@ -25,6 +25,7 @@ class SyncSchedule:
     last_sync: float | None = None
     last_full: float | None = None
     last_drift_check: float | None = None
+    last_batch_end: float | None = None  # when the last periodic-resync batch's sync ended
 
     def changed(self, now: float) -> SyncSchedule:
         """Return the schedule after a change observed at `now`."""
@@ -45,6 +46,10 @@ class SyncSchedule:
         """Return the schedule after a periodic resync finished at `now`."""
         return replace(self, last_full=now)
 
+    def batch_done(self, now: float) -> SyncSchedule:
+        """Return the schedule after a periodic-resync batch's sync finished at `now`."""
+        return replace(self, last_batch_end=now)
+
     def drift_checked(self, now: float) -> SyncSchedule:
         """Return the schedule after a drift check at `now`."""
         return replace(self, last_drift_check=now)
@@ -63,8 +68,13 @@ class SyncSchedule:
 
     def sweep_due(self) -> float:
         """Return when the next batch of a periodic resync in progress may run: like a
-        change, at least `min_interval` after the last sync."""
-        return 0.0 if self.last_sync is None else self.last_sync + self.min_interval
+        change, at least `min_interval` after the last sync started, and also that long
+        after the last batch ended, so that a resync leaves the agent idle between batches
+        however long a batch takes on a loaded machine."""
+        gap = self.min_interval
+        after_sync = 0.0 if self.last_sync is None else self.last_sync + gap
+        after_batch = 0.0 if self.last_batch_end is None else self.last_batch_end + gap
+        return max(after_sync, after_batch)
 
     def drift_due(self) -> float:
         """Return when the next drift check is due."""

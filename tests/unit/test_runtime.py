@@ -351,6 +351,37 @@ def test_a_change_during_the_resync_rides_along_and_is_not_a_correction(monkeypa
     assert {k.port for k in dp.syncs[-1][0].frontends} == {81, 82}
 
 
+def test_after_a_resync_batch_a_pending_change_goes_alone_and_the_resync_still_advances(
+    monkeypatch: Any,
+) -> None:
+    monkeypatch.setattr(runtime, "SWEEP_BATCH", 1)
+    agent, dp, _, clock = make_agent()
+    names = ["a", "b", "c", "d"]
+    feed_services(agent, *(svc(n, ip=f"198.18.0.{200 + i}") for i, n in enumerate(names)))
+    agent.step()
+    clock.now += 301
+    agent.step()  # the resync starts with one batch
+    assert agent._sweep is not None and len(agent._sweep) == 3
+    # Steady churn: a change is pending at every step from now on.
+    ports = iter(range(81, 99))
+    recomputed: list[set[str]] = []
+    while agent._sweep is not None:
+        feed_services(agent, svc("a", port=next(ports)))
+        clock.now += 0.1
+        left = len(agent._sweep)
+        agent.step()
+        assert dp.hints[-1] is not None
+        recomputed.append({str(k.ip) for k in dp.hints[-1]})
+        now_left = len(agent._sweep) if agent._sweep is not None else 0
+        # Alternating: a change-only step right after a batch, then a batch with the change.
+        assert left - now_left == (len(recomputed) + 1) % 2
+    assert recomputed[0] == {"198.18.0.200"}, "the change went alone after the first batch"
+    assert len(recomputed) == 6  # three batches, each after a step of the change alone
+    assert {k.port for k in dp.syncs[-1][0].frontends if str(k.ip) == "198.18.0.200"} == {
+        next(ports) - 1
+    }
+
+
 def test_the_incremental_ownership_input_equals_one_built_from_scratch() -> None:
     announcer = FakeAnnouncer()
     agent, _, _, clock = make_agent(

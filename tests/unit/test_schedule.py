@@ -50,3 +50,16 @@ def test_drift_checks_follow_the_last_check_or_the_last_full_sync() -> None:
     s = s.drift_checked(170.0)
     assert s.drift_due() == 230.0
     assert s.next_wakeup() == 230.0
+
+
+def test_a_resync_batch_waits_the_minimum_interval_after_the_last_batch_ended() -> None:
+    # A batch's sync started at 10.0 and, on a loaded machine, ended at 10.3: the next batch
+    # is due 0.1 s after the end, not 0.1 s after the start (which had already passed).
+    s = schedule().synced(10.0, full=False)
+    assert s.sweep_due() == 10.0 + 0.1
+    s = s.batch_done(10.3)
+    assert s.sweep_due() == 10.3 + 0.1
+    assert s.next_wakeup(sweeping=True) == 10.3 + 0.1
+    # A later sync of changes alone keeps the batch spacing too.
+    s = s.synced(10.5, full=False)
+    assert s.sweep_due() == 10.5 + 0.1
