@@ -172,7 +172,6 @@ class Agent:
         self._announcer = announcer
         self._freeze_heap = freeze_heap
         self._freeze_due = False  # a periodic resync finished: freeze after its last sync
-        self._last_step_swept = False  # the last step recomputed a periodic-resync batch
         self._health: dict[str, tuple[int, HealthAnswer]] = {}
         self._health_served: dict[int, HealthAnswer] = {}
         self._cache = ClusterCache(cfg.node_name)
@@ -356,9 +355,8 @@ class Agent:
             sweep_now = (
                 self._sweep is not None
                 and now >= self._schedule.sweep_due()
-                and not (sync_pending and self._last_step_swept)
+                and not (sync_pending and self._schedule.batch_ran_last())
             )
-            self._last_step_swept = sweep_now
             if not (first or sync_pending or self._all_dirty or sweep_now):
                 desired = None
             else:

@@ -76,6 +76,13 @@ class SyncSchedule:
         after_batch = 0.0 if self.last_batch_end is None else self.last_batch_end + gap
         return max(after_sync, after_batch)
 
+    def batch_ran_last(self) -> bool:
+        """Return True when the last sync was a periodic-resync batch's (a batch ends after
+        the sync it ran in started; a later sync of changes alone starts after that end)."""
+        if self.last_batch_end is None:
+            return False
+        return self.last_sync is None or self.last_batch_end >= self.last_sync
+
     def drift_due(self) -> float:
         """Return when the next drift check is due."""
         base = self.last_drift_check if self.last_drift_check is not None else self.last_full

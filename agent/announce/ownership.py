@@ -359,10 +359,10 @@ def startup_delay_cs(priority: int, advert_interval_cs: int) -> int:
     a new Service tens to hundreds of ms apart. Without the stagger the first Master of a new
     IP is whichever node's agent was quickest, and the preferred holder preempts it a moment
     later: a second gratuitous burst, a second IPAnnounced Event, the address briefly on two
-    nodes. With it, the preferred holder wins the first election unless it
-    starts the instance more than one interval after the next rank. When it is not running
-    at all, the IP comes up one interval later. Only the first Master_Down_Timer is longer:
-    failover timing is unchanged.
+    nodes. With it, the preferred holder wins the first election unless it starts the
+    instance more than one interval after the next rank. When it is not running at all, the
+    IP comes up one interval later. Only the first Master_Down_Timer is longer: failover
+    timing is unchanged.
     """
     rank = MAX_PRIORITY - priority
     return max(0, min(rank, STAGGERED_RANKS)) * advert_interval_cs

@@ -60,6 +60,8 @@ def test_a_resync_batch_waits_the_minimum_interval_after_the_last_batch_ended() 
     s = s.batch_done(10.3)
     assert s.sweep_due() == 10.3 + 0.1
     assert s.next_wakeup(sweeping=True) == 10.3 + 0.1
-    # A later sync of changes alone keeps the batch spacing too.
+    assert s.batch_ran_last()
+    # A later sync of changes alone keeps the batch spacing too, and is the last sync now.
     s = s.synced(10.5, full=False)
     assert s.sweep_due() == 10.5 + 0.1
+    assert not s.batch_ran_last()
