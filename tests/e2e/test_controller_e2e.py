@@ -133,6 +133,13 @@ def events(core: client.CoreV1Api, ns: str, name: str, reason: str) -> list[dict
     return [e for e in items if e.get("reason") == reason]
 
 
+def observe(seconds: float, what: str) -> None:
+    """Let `seconds` pass (a window in which something must *not* happen; checked after)."""
+    start = datetime.datetime.now(datetime.UTC)
+    span = datetime.timedelta(seconds=seconds)
+    wait_until(lambda: datetime.datetime.now(datetime.UTC) - start > span, seconds + 4, what)
+
+
 def scrape(cs: ControllerSet, name: str) -> str:
     assert cs.lab.controlplane is not None
     with nsclient.pool_manager(cs.lab.controlplane.ns) as pm:
@@ -277,12 +284,7 @@ def test_an_exhausted_pool_reports_boundedly_and_hands_out_a_freed_address_at_on
     )
     # Resyncs and retries inside the backoff window do not repeat the Warning: over the first
     # 6 s (the backoff starts at 5 s and doubles) at most two can exist.
-    start = datetime.datetime.now(datetime.UTC)
-    wait_until(
-        lambda: datetime.datetime.now(datetime.UTC) - start > datetime.timedelta(seconds=6),
-        10,
-        "an observation window",
-    )
+    observe(6.0, "an observation window")
     assert 1 <= len(events(core, ns, "t3", "PoolExhausted")) <= 2
     freed = ips_of(core, ns, "t1")
     core.delete_namespaced_service("t1", ns)
@@ -462,12 +464,7 @@ def test_an_invalid_pool_reload_is_refused_and_a_valid_one_applies(
     refused = 'nodelb_config_reloads_total{result="error"} 1.0'
     wait_until(lambda: refused in scrape(controllers, leader), 30, "the overlapping pool refused")
     # Reported once, not at every reload (2 s): after a few more periods it still reads 1.
-    start = datetime.datetime.now(datetime.UTC)
-    wait_until(
-        lambda: datetime.datetime.now(datetime.UTC) - start > datetime.timedelta(seconds=5),
-        10,
-        "an observation window of two reload periods",
-    )
+    observe(5.0, "an observation window of two reload periods")
     assert refused in scrape(controllers, leader)
     assert ips_of(core, ns, "late") == []
     assert ips_of(core, ns, "keeper") == kept
