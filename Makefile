@@ -63,8 +63,8 @@ promtool:
 	./scripts/build-promtool.sh >/dev/null
 
 lint: venv
-	$(VENV)/bin/ruff check agent rules tests bench
-	$(VENV)/bin/ruff format --check agent rules tests bench
+	$(VENV)/bin/ruff check agent rules lab tests bench
+	$(VENV)/bin/ruff format --check agent rules lab tests bench
 	$(VENV)/bin/hadolint deploy/Containerfile
 
 typecheck: venv

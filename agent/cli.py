@@ -17,27 +17,26 @@ from typing import Any
 import orjson
 from kubernetes import client
 
-from agent import logs, memory, status
+from agent import logs, memory, status_command
 from agent.announce.announcer import Announcer
 from agent.announce.inputs import SOURCES_ANNOTATION
 from agent.config import AgentConfig, ConfigError, load_config
-from agent.conntrack import ToolConntrackRunner
 from agent.controller.leader import ElectionTiming
-from agent.controller.reports import REPORT_LABEL, REPORT_LABEL_VALUE
-from agent.controller.runtime import Controller, ControllerSettings
-from agent.dataplane import Dataplane
-from agent.health import HealthServer
-from agent.healthcheck import HealthCheckServers
+from agent.controller.loop import Controller, ControllerSettings
+from agent.dataplane.applier import Dataplane
+from agent.dataplane.conntrack import ToolConntrackRunner
+from agent.dataplane.libnft import LibNftRunner
+from agent.dataplane.netlink import NetlinkElementSender
+from agent.dataplane.netlink_dump import NetlinkTableReader
+from agent.http_server import HealthServer
 from agent.kube.client import api_client
 from agent.kube.events import KubeEventSink, ListSink
+from agent.kube.manifests import ManifestError, load_files
 from agent.kube.node_report import NodeReporter
-from agent.lab import demo, session
-from agent.manifests import ManifestError, load_files
-from agent.nft import LibNftRunner
-from agent.nft_dump import NetlinkTableReader
-from agent.nftnl import NetlinkElementSender
-from agent.report import desired_dict
-from agent.runtime import Agent, ListFns, list_fns
+from agent.kube.node_report_format import REPORT_LABEL, REPORT_LABEL_VALUE
+from agent.node.healthcheck import HealthCheckServers
+from agent.node.loop import Agent, ListFns, list_fns
+from agent.node.status_document import desired_dict
 from rules.render import RenderError, render, render_cleanup
 
 
@@ -118,9 +117,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
     events = KubeEventSink(client.CoreV1Api(api), component="nodelb-agent", host=cfg.node_name)
     # Element-only changes go out as raw netlink batches: libnftables would first fetch every
     # table in the namespace (kube-proxy's too), hundreds of ms at 10k Services.
-    # The drift check reads the table back over netlink too (agent/nft_dump.py): a libnftables
-    # listing builds a cache of every element, ~300 MB at 10k Services. On a socket of its
-    # own: a dump of 100k elements holds its socket ~100 ms, and a sync must not wait for it.
+    # The drift check reads the table back over netlink too (dataplane/netlink_dump.py): a
+    # libnftables listing builds a cache of every element, ~300 MB at 10k Services. On a socket
+    # of its own: a dump of 100k elements holds its socket ~100 ms, and a sync must not wait for it.
     dataplane = Dataplane(
         LibNftRunner(),
         conntrack=ToolConntrackRunner(),
@@ -259,8 +258,36 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return 0
 
 
+class LabUnavailable(RuntimeError):
+    """`nodelb lab` was run from an installed nodelb without the repository's lab package."""
+
+
+def _lab_modules() -> Any:
+    """Return the lab's `session` and `demo` modules, from the checkout this program runs from.
+
+    The lab is not part of the wheel or the image (it builds namespaces, spawns kube-apiserver,
+    and only a developer's machine needs it): it lives in the repository's top-level `lab/`
+    package, next to `agent/`. Imported here, not at start-up, so `nodelb agent` never loads it.
+    """
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "lab" / "__init__.py").is_file() and str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    try:
+        from lab import demo, session  # noqa: PLC0415  (see the docstring)
+    except ImportError as exc:
+        raise LabUnavailable(
+            f"the lab is not installed with nodelb; run it from a checkout ({exc})"
+        ) from None
+    return session, demo
+
+
 def cmd_lab(args: argparse.Namespace) -> int:
     """Manage the persistent network-namespace lab (see docs/lab.md)."""
+    try:
+        session, demo = _lab_modules()
+    except LabUnavailable as exc:
+        print(f"nodelb lab: {exc}", file=sys.stderr)
+        return 1
     try:
         if args.lab_command == "up":
             cluster = session.up(
@@ -280,7 +307,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
                 alive = state.get("alive", {})
                 print(f"{'namespaces':<13} {sum(alive.values())}/{len(alive)} present")
         elif args.lab_command == "demo":
-            return demo.run()
+            return int(demo.run())
     except session.SessionError as exc:
         print(f"nodelb lab: {exc}", file=sys.stderr)
         return 1
@@ -321,8 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("status", help="show what the agent on this node is doing")
-    status.add_arguments(p)
-    p.set_defaults(func=status.run)
+    status_command.add_arguments(p)
+    p.set_defaults(func=status_command.run)
 
     p = sub.add_parser("cleanup", help="remove nodelb's nftables table")
     p.set_defaults(func=cmd_cleanup)

@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
-from agent.allocator.pools import PoolError, parse_block
 from agent.announce.settings import AnnounceConfigError, AnnounceSettings, parse_announce
-from agent.model import IPNetwork
-from agent.policy import DEFAULT_CLASS
+from agent.model.desired_state import IPNetwork
+from agent.model.pools import PoolError, parse_block
+from agent.node.policy import DEFAULT_CLASS
 
 DEFAULT_METRICS_ADDRESS = "0.0.0.0:9472"
 

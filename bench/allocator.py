@@ -39,16 +39,16 @@ from typing import Any
 import orjson
 from kubernetes import client as kclient
 
-from agent.allocator.allocation import Allocator, allocation_order
-from agent.allocator.pools import Forbidden, parse_pools
-from agent.controller.status import parse_view
-from agent.lab import nsclient
-from agent.lab.controllers import ControllerSet
-from agent.lab.controlplane import ControlPlane
-from agent.lab.topology import Lab, LabSpec
-from agent.lab.wait import wait_until
+from agent.controller.allocator import Allocator, allocation_order
+from agent.controller.service_status import parse_view
+from agent.model.pools import Forbidden, parse_pools
 from bench.e2e_latency import EXTRA_SERVICE_CIDR
 from bench.measure import proc_mem_mb
+from lab import nsclient
+from lab.controllers import ControllerSet
+from lab.controlplane import ControlPlane
+from lab.topology import Lab, LabSpec
+from lab.wait import wait_until
 
 NAMESPACE = "bench"
 POOLS = [{"name": "bench", "addresses": ["198.19.0.0/16"]}]

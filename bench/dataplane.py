@@ -15,8 +15,9 @@ For each size N (Services, one TCP frontend each, 10 endpoints each by default) 
 With `--foreign`, one more phase per size: nodelb's table is loaded, then kube-proxy's shape
 for the same N Services is loaded next to it (a foreign table, ~11 chains per Service), and one
 changed Service is applied alternately through the libnftables path and through the netlink
-element fast path (agent/nftnl.py), `--foreign-changes` times each, in the same run: libnftables
-fetches every table's chains and sets before each command, the fast path fetches nothing.
+element fast path (dataplane/netlink.py), `--foreign-changes` times each, in the same run:
+libnftables fetches every table's chains and sets before each command, the fast path
+fetches nothing.
 
 Everything runs inside a namespace `nlbt-bench-<hex>` created for the run and deleted at the
 end. Prints a table, then as its last line one JSON object with every figure.
@@ -41,12 +42,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agent.dataplane import Dataplane, SyncMode
-from agent.lab import netns
-from agent.model import DesiredState, Endpoint, Frontend, FrontendKey, Protocol
-from agent.nft import NetnsNftRunner, NftError, netns_inode, root_netns_inodes
-from agent.nftnl import ElementOp, ElementSender, NetlinkElementSender
+from agent.dataplane.applier import Dataplane, SyncMode
+from agent.dataplane.libnft import NetnsNftRunner, NftError, netns_inode, root_netns_inodes
+from agent.dataplane.netlink import ElementOp, ElementSender, NetlinkElementSender
+from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey, Protocol
 from bench.measure import percentile, proc_mem_mb
+from lab import netns
 from rules.render import render
 
 REF_TABLE = "inet kpref"
@@ -300,7 +301,7 @@ def measure_foreign(
     fast: list[float] = []
     cur = state
     keys = list(state.frontends)
-    quiet = logging.getLogger("agent.dataplane")
+    quiet = logging.getLogger("agent.dataplane.applier")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # every switched-off sync logs its fallback
     try:

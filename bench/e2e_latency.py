@@ -61,8 +61,9 @@ import urllib3
 from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
-from agent.lab import netns
-from agent.lab.cluster import (
+from bench.measure import percentile, proc_mem_mb
+from lab import netns
+from lab.cluster import (
     LAB_ANNOUNCE,
     MANAGED_BY_LABEL,
     POD_TCP_PORT,
@@ -70,9 +71,8 @@ from agent.lab.cluster import (
     SLICE_CONTROLLER,
     ClusterLab,
 )
-from agent.lab.topology import LB_RANGE4, LabSpec
-from agent.lab.wait import wait_until
-from bench.measure import percentile, proc_mem_mb
+from lab.topology import LB_RANGE4, LabSpec
+from lab.wait import wait_until
 
 NAMESPACE = "default"
 PORT_NAME = "http"

@@ -1,6 +1,6 @@
 """Benchmark VIP failover as a client sees it: nodelb's VRRP speaker vs keepalived, same timers.
 
-Lab: two nodes and a client on one segment. Each node runs a TCP server (agent.lab.servers,
+Lab: two nodes and a client on one segment. Each node runs a TCP server (lab.servers,
 port 8080) that answers with its node name, and either a nodelb speaker or keepalived 2.2.x
 holding 198.18.0.230/32 on VRID 61: node-1 at priority 150, node-2 at 100, VRRPv3, advert
 interval 10 cs, preempt on, three gratuitous ARPs on takeover (keepalived:
@@ -43,14 +43,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.announce.config import GratuitousConfig, InstanceConfig
-from agent.announce.process import SpeakerProcess
-from agent.lab import netns
-from agent.lab.keepalived import KEEPALIVED, Keepalived, config_text, start_keepalived
-from agent.lab.topology import Lab, LabSpec, Node
-from agent.lab.vrrp_lab import holds, speaker_config, start_speaker
-from agent.lab.wait import GiveUp, wait_until
+from agent.announce.vrrp.config import GratuitousConfig, InstanceConfig
+from agent.announce.vrrp.process import SpeakerProcess
 from bench.measure import percentile
+from lab import netns
+from lab.keepalived import KEEPALIVED, Keepalived, config_text, start_keepalived
+from lab.topology import Lab, LabSpec, Node
+from lab.vrrp_lab import holds, speaker_config, start_speaker
+from lab.wait import GiveUp, wait_until
 
 VIP = ipaddress.IPv4Address("198.18.0.230")
 VRID = 61

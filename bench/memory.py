@@ -62,15 +62,14 @@ from typing import Any
 import orjson
 
 from agent.config import AgentConfig
-from agent.dataplane import Dataplane, SyncResult
+from agent.dataplane.applier import Dataplane, SyncResult
+from agent.dataplane.libnft import NetnsNftRunner, netns_inode, root_netns_inodes
+from agent.dataplane.netlink import NetlinkElementSender
+from agent.dataplane.netlink_dump import NetlinkTableReader
 from agent.kube.events import ListSink
-from agent.lab import netns
 from agent.memory import limit_malloc_arenas
-from agent.model import DesiredState, FrontendKey, Protocol
-from agent.nft import NetnsNftRunner, netns_inode, root_netns_inodes
-from agent.nft_dump import NetlinkTableReader
-from agent.nftnl import NetlinkElementSender
-from agent.runtime import Agent, ListFns
+from agent.model.desired_state import DesiredState, FrontendKey, Protocol
+from agent.node.loop import Agent, ListFns
 from bench.e2e_latency import (
     CHANGE_HOSTS,
     NAMESPACE,
@@ -82,6 +81,7 @@ from bench.e2e_latency import (
     svc_name,
 )
 from bench.measure import proc_mem_mb
+from lab import netns
 
 TARGET_RSS_MB = 200.0
 NODE = "node-1"

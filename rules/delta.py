@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agent.model import DesiredState, Endpoint, Frontend, FrontendKey
+from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey
 from rules import layout as L
 from rules.plan import (
     Contributions,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from agent.model import DesiredState
+from agent.model.desired_state import DesiredState
 from rules import layout as L
 from rules.plan import Contributions, Emitter, dispatch_ops, node_elements
 from rules.render import KernelObjects, base_chain_ops, hook_spec, skeleton_ops

@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from agent.model import DesiredState
+from agent.model.desired_state import DesiredState
 from rules import layout as L
 from rules.plan import (
     Contributions,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.lab import netns
+from lab import netns
 from tests import rootns
 
 

@@ -1,6 +1,7 @@
-"""Who holds an IP: the VRRPv3 wire codec and election state machine (pure), and their shells.
+"""Who holds an IP: the ownership plan (pure), the announcer thread, and the VRRPv3 speaker.
 
-`vrrp_codec` turns advertisements into bytes and back (checksums and every validation
-included); `vrrp_state` is the RFC 5798 §6.4 state machine as a pure `step` function. Neither
-imports socket, asyncio or time: the I/O layer owns sockets and clocks and feeds them events.
+`ownership` ranks the eligible nodes of every LoadBalancer IP and places the IPs on VRIDs;
+`inputs` builds its input from the node's cluster view and turns a plan into the speaker's
+configuration; `announcer` drives the speaker child and reports what this node holds.
+`vrrp/` is the protocol: codec and state machine (pure), GARP/NA, sockets, the speaker.
 """

@@ -1,6 +1,6 @@
 """The agent's announcer: plans ownership, drives the VRRP speaker, reports what it holds.
 
-The shell between the agent loop and the speaker child (agent/announce/process.py):
+The shell between the agent loop and the speaker child (agent/announce/vrrp/process.py):
 
 - the agent `submit`s the ownership input after every recompute; the announcer's own thread
   plans (agent/announce/ownership.py, which costs tens of ms per thousand IPs) and sends the
@@ -28,15 +28,15 @@ from typing import Any, Protocol
 
 from pyroute2 import IPRoute
 
-from agent.announce.config import SpeakerConfig
 from agent.announce.inputs import OwnershipInput, peer_sources, speaker_config
 from agent.announce.metrics import SpeakerMetrics
 from agent.announce.ownership import Plan, plan
-from agent.announce.process import SpeakerProcess, Status
 from agent.announce.settings import AnnounceSettings
+from agent.announce.vrrp.config import SpeakerConfig
+from agent.announce.vrrp.process import SpeakerProcess, Status
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
-from agent.model import IPAddress
-from agent.services import Node
+from agent.model.desired_state import IPAddress
+from agent.model.service import Node
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 configuration (pure).
 
 The ownership plan (agent/announce/ownership.py) wants one record per Node and one per IP with
-every Service using it; the speaker (agent/announce/config.py) wants the instances this node
+every Service using it; the speaker (agent/announce/vrrp/config.py) wants the instances this node
 runs and the addresses adverts may come from. Both are derived here from plain data, so every
 node builds the same plan from the same cache.
 """
@@ -13,7 +13,6 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from agent.announce.config import InstanceConfig, SpeakerConfig
 from agent.announce.ownership import (
     IPUse,
     NodeState,
@@ -23,9 +22,10 @@ from agent.announce.ownership import (
     startup_delay_cs,
 )
 from agent.announce.settings import AnnounceSettings
-from agent.endpoints import AddressType, Slice
-from agent.model import IPAddress
-from agent.services import Node, Service
+from agent.announce.vrrp.config import InstanceConfig, SpeakerConfig
+from agent.model.desired_state import IPAddress
+from agent.model.service import Node, Service
+from agent.node.endpoints import AddressType, Slice
 
 SOURCES_ANNOTATION = "nodelb.io/vrrp-sources"
 

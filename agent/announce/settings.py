@@ -25,7 +25,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.announce.config import GratuitousConfig
 from agent.announce.ownership import (
     NodeSelector,
     OwnershipConfig,
@@ -33,7 +32,8 @@ from agent.announce.ownership import (
     SelectorOperator,
     VridRange,
 )
-from agent.announce.vrrp_codec import DEFAULT_CHECKSUM_MODE, ChecksumMode
+from agent.announce.vrrp.codec import DEFAULT_CHECKSUM_MODE, ChecksumMode
+from agent.announce.vrrp.config import GratuitousConfig
 
 KNOWN = {
     "enabled",

@@ -1,1 +1,1 @@
-"""The allocation controller: leader election, status planning and the node reports it reads."""
+"""The allocation controller: the allocator, KEP-4631 conditions, status planning, the loop."""

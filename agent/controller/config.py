@@ -16,9 +16,9 @@ from typing import Any
 
 import yaml
 
-from agent.allocator.pools import Forbidden, PoolError, PoolSet, parse_pools
 from agent.config import AgentConfig, ConfigError, parse_config
-from agent.model import IPAddress, IPNetwork
+from agent.model.desired_state import IPAddress, IPNetwork
+from agent.model.pools import Forbidden, PoolError, PoolSet, parse_pools
 
 
 @dataclass(frozen=True, slots=True)

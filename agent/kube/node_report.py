@@ -1,6 +1,6 @@
 """The agent's side of "which IPs does this node serve": keeps its report Lease current.
 
-The controller turns these reports into `LoadBalancerServing` (agent/controller/reports.py
+The controller turns these reports into `LoadBalancerServing` (agent/kube/node_report_format.py
 holds the format and the reasons for a Lease per node). The reporter rewrites the Lease at once
 when the served set changes and renews it every `renew_every` seconds otherwise, from its own
 thread, so a slow or absent apiserver never delays a sync or a takeover: the last set asked
@@ -17,8 +17,8 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from agent.controller.reports import lease_name, report_body
-from agent.model import IPAddress
+from agent.kube.node_report_format import lease_name, report_body
+from agent.model.desired_state import IPAddress
 
 log = logging.getLogger(__name__)
 

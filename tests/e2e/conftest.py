@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from agent.lab.cluster import ClusterLab
-from agent.lab.controlplane import ControlPlane, tail
-from agent.lab.topology import Host, Lab, LabSpec
+from lab.cluster import ClusterLab
+from lab.controlplane import ControlPlane, tail
+from lab.topology import Host, Lab, LabSpec
 
 LOGS = pytest.StashKey[list[Path]]()
 FAILED = pytest.StashKey[bool]()

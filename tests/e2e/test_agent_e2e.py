@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 
-from agent.lab import client
-from agent.lab.client import Failure, Outcome, Reply
-from agent.lab.cluster import ClusterLab, SvcPort, tcp_port
-from agent.lab.topology import CLIENT4, CLIENT6, gateway_addresses, node_addresses
-from agent.lab.wait import wait_until
-from agent.model import IPAddress
-from agent.status import parse_status, render_table
+from agent.model.desired_state import IPAddress
+from agent.status_command import parse_status, render_table
+from lab import client
+from lab.client import Failure, Outcome, Reply
+from lab.cluster import ClusterLab, SvcPort, tcp_port
+from lab.topology import CLIENT4, CLIENT6, gateway_addresses, node_addresses
+from lab.wait import wait_until
 
 pytestmark = pytest.mark.e2e
 

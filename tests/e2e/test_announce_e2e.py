@@ -27,14 +27,14 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.announce.ownership import rank_nodes
-from agent.lab import client, netns, nsclient
-from agent.lab.cluster import LAB_ANNOUNCE, ClusterLab, frontend_keys, tcp_port
-from agent.lab.controllers import NAMESPACE, ControllerSet
-from agent.lab.requestloop import RequestLoop, failed, outage
-from agent.lab.topology import Node
-from agent.lab.vrrp_lab import holds, mac_of, neighbour_mac
-from agent.lab.wait import wait_until
-from agent.model import IPAddress
+from agent.model.desired_state import IPAddress
+from lab import client, netns, nsclient
+from lab.cluster import LAB_ANNOUNCE, ClusterLab, frontend_keys, tcp_port
+from lab.controllers import NAMESPACE, ControllerSet
+from lab.requestloop import RequestLoop, failed, outage
+from lab.topology import Node
+from lab.vrrp_lab import holds, mac_of, neighbour_mac
+from lab.wait import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -21,13 +21,13 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from agent.controller.reports import report_body
 from agent.kube.node_report import NodeReporter
-from agent.lab import nsclient
-from agent.lab.controllers import NAMESPACE, ControllerSet
-from agent.lab.controlplane import ControlPlane
-from agent.lab.topology import Lab
-from agent.lab.wait import wait_until
+from agent.kube.node_report_format import report_body
+from lab import nsclient
+from lab.controllers import NAMESPACE, ControllerSet
+from lab.controlplane import ControlPlane
+from lab.topology import Lab
+from lab.wait import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,8 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from agent.lab import binaries
-from agent.lab.controlplane import ControlPlane
+from lab import binaries
+from lab.controlplane import ControlPlane
 
 pytestmark = pytest.mark.e2e
 

@@ -31,10 +31,10 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from agent.lab import binaries, netns, nsclient
-from agent.lab.controlplane import ControlPlane
-from agent.lab.topology import Lab
-from agent.lab.wait import GiveUp, wait_until
+from lab import binaries, netns, nsclient
+from lab.controlplane import ControlPlane
+from lab.topology import Lab
+from lab.wait import GiveUp, wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.announce.process import SpeakerProcess
-from agent.lab.topology import Lab, LabSpec
-from agent.lab.vrrp_lab import stop_all
+from agent.announce.vrrp.process import SpeakerProcess
+from lab.topology import Lab, LabSpec
+from lab.vrrp_lab import stop_all
 
 
 @pytest.fixture

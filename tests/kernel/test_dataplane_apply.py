@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from agent import nft
-from agent.conntrack import ToolConntrackRunner
-from agent.dataplane import Dataplane, SyncMode, SyncOutcome
-from agent.lab import netns
-from agent.lab.wait import wait_until
-from agent.nft import NetnsNftRunner, NftError
+from agent.dataplane import libnft as nft
+from agent.dataplane.applier import Dataplane, SyncMode, SyncOutcome
+from agent.dataplane.conntrack import ToolConntrackRunner
+from agent.dataplane.libnft import NetnsNftRunner, NftError
+from lab import netns
+from lab.wait import wait_until
 from rules import layout as L
 from rules.readback import expected, from_json
 from rules.render import render

@@ -6,7 +6,7 @@ states, must leave the table a full render of the last one leaves. Runs in one t
 namespace per test, through NetnsNftRunner.
 
 The raw rules/ test skips (`assume`) the pairs whose delta nft 1.0.6 refuses (a new rule over a
-`typeof ... th dport` map loaded from the kernel, see agent/dataplane.py); the applier test
+`typeof ... th dport` map loaded from the kernel, see agent/dataplane/applier.py); the applier test
 covers those too, since the applier sends the full table for them.
 """
 
@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.dataplane import Dataplane, SyncMode, SyncOutcome
-from agent.model import DesiredState
-from agent.nft import NetnsNftRunner
+from agent.dataplane.applier import Dataplane, SyncMode, SyncOutcome
+from agent.dataplane.libnft import NetnsNftRunner
+from agent.model.desired_state import DesiredState
 from rules import layout as L
 from rules.delta import delta
 from rules.readback import Snapshot, expected, from_json

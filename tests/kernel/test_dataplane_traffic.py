@@ -28,13 +28,10 @@ from typing import Any
 
 import pytest
 
-from agent.conntrack import ToolConntrackRunner
-from agent.dataplane import Dataplane, SyncMode, SyncOutcome, SyncResult
-from agent.lab import netns
-from agent.lab.client import Failure, Outcome, Probe, Reply, Result, run_probes
-from agent.lab.topology import Host, Lab, LabSpec, Node, Pod, gateway_addresses
-from agent.lab.wait import GiveUp, wait_until
-from agent.model import (
+from agent.dataplane.applier import Dataplane, SyncMode, SyncOutcome, SyncResult
+from agent.dataplane.conntrack import ToolConntrackRunner
+from agent.dataplane.libnft import NetnsNftRunner
+from agent.model.desired_state import (
     DesiredState,
     Endpoint,
     Frontend,
@@ -43,7 +40,10 @@ from agent.model import (
     IPNetwork,
     Protocol,
 )
-from agent.nft import NetnsNftRunner
+from lab import netns
+from lab.client import Failure, Outcome, Probe, Reply, Result, run_probes
+from lab.topology import Host, Lab, LabSpec, Node, Pod, gateway_addresses
+from lab.wait import GiveUp, wait_until
 from rules import layout as L
 
 pytestmark = [
@@ -54,7 +54,7 @@ pytestmark = [
     ),
 ]
 
-TCP_PORT = 8080  # pod servers (agent.lab.servers) listen here ...
+TCP_PORT = 8080  # pod servers (lab.servers) listen here ...
 UDP_PORT = 8081
 SCTP_PORT = 8082  # ... and here only where the kernel has SCTP
 REPLY_TIMEOUT = 5.0  # a request that must be answered: generous, the machine is shared

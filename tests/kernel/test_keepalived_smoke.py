@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.lab import client
-from agent.lab.client import Reply
-from agent.lab.keepalived import KEEPALIVED, Keepalived, config_text, start_keepalived
-from agent.lab.topology import Lab, LabSpec, Node
-from agent.lab.vrrp_lab import holds, mac_of, neighbour_mac
-from agent.lab.wait import wait_until
-from agent.model import IPAddress
+from agent.model.desired_state import IPAddress
+from lab import client
+from lab.client import Reply
+from lab.keepalived import KEEPALIVED, Keepalived, config_text, start_keepalived
+from lab.topology import Lab, LabSpec, Node
+from lab.vrrp_lab import holds, mac_of, neighbour_mac
+from lab.wait import wait_until
 
 pytestmark = pytest.mark.kernel
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from agent.lab import client, netns
-from agent.lab.client import Failure, Outcome, Reply
-from agent.lab.topology import LAB_SPACE4, LAB_SPACE6, Host, Lab, LabError, LabSpec
-from agent.model import IPAddress, Protocol
+from agent.model.desired_state import IPAddress, Protocol
+from lab import client, netns
+from lab.client import Failure, Outcome, Reply
+from lab.topology import LAB_SPACE4, LAB_SPACE6, Host, Lab, LabError, LabSpec
 from tests import rootns
 
 pytestmark = pytest.mark.kernel

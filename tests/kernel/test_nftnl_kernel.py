@@ -1,4 +1,4 @@
-"""The netlink element fast path (agent/nftnl.py) against the real kernel, in throwaway namespaces.
+"""The netlink element fast path (agent/dataplane/netlink.py) against the real kernel, in netns.
 
 Each comparison loads the same full table into two fresh namespaces, applies one delta through
 libnftables in the first and as a raw netlink batch in the second, and requires the two
@@ -21,12 +21,14 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from agent import nft, nft_dump, nftnl
-from agent.dataplane import Dataplane, SyncMode, SyncOutcome
-from agent.lab import netns
-from agent.model import DesiredState, Endpoint
-from agent.nft import NetnsNftRunner, NftError
-from agent.nftnl import NetlinkElementSender
+from agent.dataplane import libnft as nft
+from agent.dataplane import netlink as nftnl
+from agent.dataplane import netlink_dump as nft_dump
+from agent.dataplane.applier import Dataplane, SyncMode, SyncOutcome
+from agent.dataplane.libnft import NetnsNftRunner, NftError
+from agent.dataplane.netlink import NetlinkElementSender
+from agent.model.desired_state import DesiredState, Endpoint
+from lab import netns
 from rules import layout as L
 from rules.delta import delta
 from rules.readback import ABSENT, Snapshot, expected, from_json, kernel_objects
@@ -488,7 +490,7 @@ def test_a_refused_full_element_batch_falls_back_to_one_libnftables_transaction(
     assert not expected(new).differences(from_json(fast.runner.list_table(*_T)))
 
 
-# -- the netlink read-back (agent/nft_dump.py) ------------------------------------------------
+# -- the netlink read-back (agent/dataplane/netlink_dump.py) ------------------------------
 
 
 def _both_readbacks(s: Side) -> tuple[Snapshot, Snapshot]:

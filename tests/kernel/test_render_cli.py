@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from agent.cli import main
-from agent.lab import netns
+from lab import netns
 
 OBJECTS = """\
 apiVersion: v1

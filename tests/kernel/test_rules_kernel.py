@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.lab import netns
-from agent.model import DesiredState
+from agent.model.desired_state import DesiredState
+from lab import netns
 from rules import layout as L
 from rules.delta import delta
 from rules.render import objects_after, render, render_cleanup

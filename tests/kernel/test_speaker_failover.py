@@ -21,22 +21,22 @@ from pathlib import Path
 
 import pytest
 
-from agent.announce.config import InstanceConfig, SpeakerConfig, to_json
 from agent.announce.ownership import startup_delay_cs
-from agent.announce.process import SpeakerProcess, Status, read_status
-from agent.announce.vrrp_state import master_down_interval, skew_time
-from agent.lab import netns
-from agent.lab.topology import Lab, LabSpec, Node
-from agent.lab.vrrp_lab import (
+from agent.announce.vrrp.config import InstanceConfig, SpeakerConfig, to_json
+from agent.announce.vrrp.machine import master_down_interval, skew_time
+from agent.announce.vrrp.process import SpeakerProcess, Status, read_status
+from agent.model.desired_state import IPAddress
+from bench.failover import CLIENT_LOOP, answering, replies
+from lab import netns
+from lab.topology import Lab, LabSpec, Node
+from lab.vrrp_lab import (
     holds,
     mac_of,
     neighbour_mac,
     speaker_config,
     start_speaker,
 )
-from agent.lab.wait import wait_until
-from agent.model import IPAddress
-from bench.failover import CLIENT_LOOP, answering, replies
+from lab.wait import wait_until
 
 pytestmark = pytest.mark.kernel
 
@@ -315,8 +315,8 @@ def test_update_changes_one_instance_without_disturbing_the_others(
 HELPER = """
 import json, signal, sys
 from pathlib import Path
-from agent.announce.config import from_json
-from agent.announce.process import SpeakerProcess
+from agent.announce.vrrp.config import from_json
+from agent.announce.vrrp.process import SpeakerProcess
 config = from_json(json.loads(Path(sys.argv[1]).read_text()))
 prefix = ("ip", "netns", "exec", sys.argv[3])
 sp = SpeakerProcess(config, workdir=Path(sys.argv[2]), argv_prefix=prefix)

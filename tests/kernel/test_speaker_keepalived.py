@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.announce.config import InstanceConfig
-from agent.announce.process import SpeakerProcess
-from agent.lab.keepalived import KEEPALIVED, Keepalived
-from agent.lab.topology import Lab, LabSpec, Node
-from agent.lab.vrrp_lab import holds, link_local, speaker_config, start_speaker
-from agent.lab.wait import wait_until
+from agent.announce.vrrp.config import InstanceConfig
+from agent.announce.vrrp.process import SpeakerProcess
+from lab.keepalived import KEEPALIVED, Keepalived
+from lab.topology import Lab, LabSpec, Node
+from lab.vrrp_lab import holds, link_local, speaker_config, start_speaker
+from lab.wait import wait_until
 from tests.kernel.test_keepalived_smoke import VIP4, VIP6, VRID, start_peer
 
 pytestmark = [

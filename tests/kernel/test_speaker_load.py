@@ -20,12 +20,14 @@ from collections.abc import Callable, Iterable
 
 import pytest
 
-from agent.announce.config import InstanceConfig
-from agent.announce.process import SpeakerProcess
-from agent.announce.vrrp_state import master_down_interval
-from agent.dataplane import Dataplane
-from agent.lab.topology import Lab, LabSpec, Node
-from agent.lab.vrrp_lab import (
+from agent.announce.vrrp.config import InstanceConfig
+from agent.announce.vrrp.machine import master_down_interval
+from agent.announce.vrrp.process import SpeakerProcess
+from agent.dataplane.applier import Dataplane
+from agent.dataplane.libnft import NetnsNftRunner
+from bench.dataplane import build_state
+from lab.topology import Lab, LabSpec, Node
+from lab.vrrp_lab import (
     holds,
     link_local,
     parse_capture,
@@ -33,9 +35,7 @@ from agent.lab.vrrp_lab import (
     start_capture,
     start_speaker,
 )
-from agent.lab.wait import wait_until
-from agent.nft import NetnsNftRunner
-from bench.dataplane import build_state
+from lab.wait import wait_until
 
 pytestmark = pytest.mark.kernel
 

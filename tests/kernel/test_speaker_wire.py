@@ -4,7 +4,7 @@ ARP / NA burst has the configured count and spacing.
 Spoofs are real packets on the lab segment: a higher-priority advert from the client (not a
 peer), adverts with TTL / hop limit 254 from a real peer, and a peer's advert with the other
 IPv4 checksum mode. Captures use an AF_PACKET socket in another namespace with kernel receive
-timestamps (agent.lab.vrrp_lab capture).
+timestamps (lab.vrrp_lab capture).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent.announce.config import GratuitousConfig, InstanceConfig
 from agent.announce.metrics import SpeakerMetrics
-from agent.announce.process import SpeakerProcess, Status
-from agent.announce.speaker import DropReason
-from agent.announce.vrrp_codec import ChecksumMode, DecodeReason
-from agent.lab import netns
-from agent.lab.topology import Lab, LabSpec
-from agent.lab.vrrp_lab import (
+from agent.announce.vrrp.codec import ChecksumMode, DecodeReason
+from agent.announce.vrrp.config import GratuitousConfig, InstanceConfig
+from agent.announce.vrrp.process import SpeakerProcess, Status
+from agent.announce.vrrp.speaker import DropReason
+from lab import netns
+from lab.topology import Lab, LabSpec
+from lab.vrrp_lab import (
     holds,
     link_local,
     mac_of,
@@ -33,7 +33,7 @@ from agent.lab.vrrp_lab import (
     start_capture,
     start_speaker,
 )
-from agent.lab.wait import wait_until
+from lab.wait import wait_until
 
 pytestmark = pytest.mark.kernel
 
@@ -55,7 +55,7 @@ def instances(priority: int) -> list[InstanceConfig]:
 
 
 def send(lab: Lab, ns: str, *args: object) -> None:
-    argv = [sys.executable, "-m", "agent.lab.vrrp_lab", "send", *map(str, args)]
+    argv = [sys.executable, "-m", "lab.vrrp_lab", "send", *map(str, args)]
     netns.run(ns, argv)
 
 

@@ -1,4 +1,4 @@
-"""Real keepalived 2.2.7 adverts, captured on the lab wire, against agent.announce.vrrp_codec.
+"""Real keepalived 2.2.7 adverts, captured on the lab wire, against agent.announce.vrrp.codec.
 
 keepalived (VRRP only, `vrrp_version 3`, `advert_int 0.1`, one IPv4 and one IPv6 instance)
 runs in node-1; tcpdump in node-2 writes every IP protocol 112 frame it receives to a pcap
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.announce.vrrp_codec import (
+from agent.announce.vrrp.codec import (
     DEFAULT_CHECKSUM_MODE,
     ChecksumMode,
     DecodeReason,
@@ -30,10 +30,10 @@ from agent.announce.vrrp_codec import (
     decode,
     encode,
 )
-from agent.lab import netns
-from agent.lab.topology import Lab, LabSpec, Node
-from agent.lab.wait import GiveUp, wait_until
-from agent.model import IPAddress
+from agent.model.desired_state import IPAddress
+from lab import netns
+from lab.topology import Lab, LabSpec, Node
+from lab.wait import GiveUp, wait_until
 
 pytestmark = pytest.mark.kernel
 

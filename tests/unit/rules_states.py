@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from hypothesis import strategies as st
 
-from agent.model import (
+from agent.model.desired_state import (
     DesiredState,
     Endpoint,
     Frontend,

@@ -11,25 +11,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.allocator.allocation import (
+from agent.backoff import Backoff
+from agent.controller.allocator import (
     AllocationReason,
     Allocator,
     PoolUsage,
     allocation_order,
     rebuild,
 )
-from agent.allocator.events import ExhaustionLimiter
-from agent.allocator.pools import Forbidden, PoolSet, parse_pools
-from agent.allocator.request import (
+from agent.controller.exhaustion import ExhaustionLimiter
+from agent.controller.request import (
     FamilyPolicy,
     IPFamily,
     PortKey,
     ServiceRequest,
     request_from_raw,
 )
-from agent.backoff import Backoff
-from agent.model import IPAddress, Protocol
-from agent.services import InvalidService
+from agent.model.desired_state import IPAddress, Protocol
+from agent.model.pools import Forbidden, PoolSet, parse_pools
+from agent.model.service import InvalidService
 
 R = AllocationReason
 V4 = (IPFamily.IPV4,)

@@ -9,8 +9,8 @@ import pytest
 from agent.announce.inputs import ip_uses, node_states, parse_sources, peer_sources, speaker_config
 from agent.announce.ownership import OwnershipConfig, plan, rank_nodes
 from agent.announce.settings import AnnounceConfigError, parse_announce
-from agent.endpoints import AddressType, Slice, SliceEndpoint
-from agent.services import Node, parse_service
+from agent.model.service import Node, parse_service
+from agent.node.endpoints import AddressType, Slice, SliceEndpoint
 
 IP = ipaddress.ip_address
 

@@ -7,9 +7,16 @@ import ipaddress
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.assembly import FrontendIndex, assemble
-from agent.desired import Problem, ProblemReason, ServiceResult
-from agent.model import DesiredState, Endpoint, Frontend, FrontendKey, IPAddress, Protocol
+from agent.model.desired_state import (
+    DesiredState,
+    Endpoint,
+    Frontend,
+    FrontendKey,
+    IPAddress,
+    Protocol,
+)
+from agent.node.assembly import FrontendIndex, assemble
+from agent.node.service_frontends import Problem, ProblemReason, ServiceResult
 
 IPS = [ipaddress.ip_address(a) for a in ("198.18.0.1", "198.18.0.2", "2001:db8::1")]
 EP = (Endpoint(ipaddress.ip_address("198.19.0.5"), 80),)

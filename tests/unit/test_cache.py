@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.cache import BadSlice, ClusterCache, new_stores
 from agent.kube.store import EventType
+from agent.node.cache import BadSlice, ClusterCache, new_stores
 
 
 def raw_slice(name: str, service: str, port: int = 8080, ns: str = "ns") -> dict[str, Any]:

@@ -9,13 +9,12 @@ from typing import Any
 
 import pytest
 
-from agent.allocator.allocation import (
+from agent.controller.allocator import (
     AllocationReason,
     AllocationResult,
     FamilyOutcome,
 )
-from agent.allocator.request import FamilyPolicy, IPFamily, PortKey, ServiceRequest
-from agent.conditions import (
+from agent.controller.conditions import (
     Condition,
     ConditionType,
     Feature,
@@ -23,7 +22,8 @@ from agent.conditions import (
     merge_conditions,
     service_conditions,
 )
-from agent.model import IPAddress, Protocol
+from agent.controller.request import FamilyPolicy, IPFamily, PortKey, ServiceRequest
+from agent.model.desired_state import IPAddress, Protocol
 
 R = AllocationReason
 V4 = ipaddress.ip_address("198.18.0.1")

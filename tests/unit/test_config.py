@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from agent.allocator.pools import parse_block
 from agent.config import ConfigError, load_config, parse_config
+from agent.model.pools import parse_block
 
 
 def test_defaults_without_a_file_take_the_node_name_from_the_environment(

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from agent.allocator.allocation import Allocator
-from agent.allocator.pools import Forbidden, parse_pools
+from agent.controller.allocator import Allocator
 from agent.controller.leader import (
     ElectionTiming,
     LeaseRecord,
@@ -21,8 +20,14 @@ from agent.controller.leader import (
     record_from_raw,
     released_spec,
 )
-from agent.controller.reports import next_expiry, parse_report, report_body, serving_ips
-from agent.controller.status import allocation_events, parse_view, plan_status, problem_event
+from agent.controller.service_status import (
+    allocation_events,
+    parse_view,
+    plan_status,
+    problem_event,
+)
+from agent.kube.node_report_format import next_expiry, parse_report, report_body, serving_ips
+from agent.model.pools import Forbidden, parse_pools
 
 WALL = datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.UTC)
 

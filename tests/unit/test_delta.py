@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.model import DesiredState, Frontend, FrontendKey
+from agent.dataplane.fake import applied
+from agent.model.desired_state import DesiredState, Frontend, FrontendKey
 from rules.delta import changed_keys, delta
 from rules.render import RenderError, objects_after, render
 from rules.transaction import Transaction
-from tests.unit.nft_fake import applied
 from tests.unit.rules_states import desired_states, eps, fe, state
 from tests.unit.test_render import _big_state
 

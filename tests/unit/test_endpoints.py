@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import orjson
 import pytest
 
-from agent.endpoints import (
+from agent.model.desired_state import Endpoint, Protocol
+from agent.node.endpoints import (
     AddressType,
     IPFamily,
     PortKey,
@@ -24,7 +25,6 @@ from agent.endpoints import (
     merge_slices,
     parse_slice,
 )
-from agent.model import Endpoint, Protocol
 
 V4 = IPFamily.IPV4
 V6 = IPFamily.IPV6

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.announce.gratuitous import Kind, arp_frame, parse_mac, unsolicited_na
-from agent.announce.vrrp_codec import internet_checksum
+from agent.announce.vrrp.codec import internet_checksum
+from agent.announce.vrrp.gratuitous import Kind, arp_frame, parse_mac, unsolicited_na
 
 MAC = bytes.fromhex("00005e005301")
 VIP4 = ipaddress.IPv4Address("198.18.0.200")

@@ -10,11 +10,16 @@ import orjson
 import urllib3
 
 from agent.config import AgentConfig, SyncTiming
-from agent.endpoints import AddressType, Slice, SliceEndpoint
-from agent.healthcheck import HealthAnswer, HealthCheckServers, answers_by_port, local_endpoints
 from agent.kube.events import ListSink
-from agent.runtime import Agent, ListFns
-from tests.unit.test_runtime import Clock, FakeDataplane, unused
+from agent.node.endpoints import AddressType, Slice, SliceEndpoint
+from agent.node.healthcheck import (
+    HealthAnswer,
+    HealthCheckServers,
+    answers_by_port,
+    local_endpoints,
+)
+from agent.node.loop import Agent, ListFns
+from tests.unit.test_node_loop import Clock, FakeDataplane, unused
 
 IP = ipaddress.ip_address
 

@@ -1,4 +1,4 @@
-"""agent.lab.binaries: where the pinned etcd / Kubernetes binaries are looked for."""
+"""lab.binaries: where the pinned etcd / Kubernetes binaries are looked for."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.lab import binaries
+from lab import binaries
 
 
 def test_versions_come_from_the_repo_versions_file() -> None:

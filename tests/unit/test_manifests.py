@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.allocator.pools import Forbidden, parse_pools
 from agent.cli import build_parser
 from agent.config import parse_config
 from agent.controller.config import ClusterAddresses, parse_controller_config
-from agent.health import parse_address
-from agent.model import IPNetwork
+from agent.http_server import parse_address
+from agent.model.desired_state import IPNetwork
+from agent.model.pools import Forbidden, parse_pools
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

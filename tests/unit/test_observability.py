@@ -24,9 +24,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 
 import agent.controller.metrics  # registers the controller's metrics
-import agent.metrics  # noqa: F401  (registers the agent's metrics)
+import agent.node.metrics  # noqa: F401  (registers the agent's metrics)
 from agent.announce.metrics import SpeakerMetrics
-from agent.lab import binaries
+from lab import binaries
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "prometheus-rules.yaml"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agent.allocator.pools import (
+from agent.model.pools import (
     AddressPool,
     Forbidden,
     LabelSelector,

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from agent.model import DesiredState, Endpoint, Frontend, FrontendKey, Protocol
+from agent.dataplane.fake import FakeError, FakeTable, applied
+from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey, Protocol
 from rules import layout as L
 from rules.render import RenderError, objects_after, render, render_cleanup
 from rules.transaction import Op, Transaction
-from tests.unit.nft_fake import FakeError, FakeTable, applied
 from tests.unit.rules_states import eps, fe, ip, key, state
 
 V4 = "198.18.0.200 . tcp . 80"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.schedule import SyncSchedule
+from agent.node.schedule import SyncSchedule
 
 
 def schedule() -> SyncSchedule:

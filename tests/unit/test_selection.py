@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from agent.endpoints import SliceEndpoint
-from agent.selection import (
+from agent.node.endpoints import SliceEndpoint
+from agent.node.selection import (
     HintStatus,
     SelectionReason,
     TopologyMode,

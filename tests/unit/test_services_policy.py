@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from agent.policy import (
+from agent.model.service import InvalidService, Service, parse_node, parse_service
+from agent.node.policy import (
     ClassVerdict,
     ExternalIPReason,
     check_external_ips,
     classify,
     is_ours,
 )
-from agent.services import InvalidService, Service, parse_node, parse_service
 
 
 def raw_service(**spec: Any) -> dict[str, Any]:

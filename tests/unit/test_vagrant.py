@@ -3,7 +3,7 @@
 Nothing here boots a VM. The checks: shellcheck on every script; `ruby -c` and `vagrant
 validate` on the Vagrantfile; what the Vagrantfile declares per machine (read by evaluating it
 under a small recording `Vagrant.configure`) equals the netns lab's addresses from
-agent/lab/topology.py; the lab's nodelb config passes nodelb's own parser; the demo Service
+lab/topology.py; the lab's nodelb config passes nodelb's own parser; the demo Service
 asks the allocator for the lab's demo IPs.
 """
 
@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.allocator.request import ServiceRequest, request_from_raw
 from agent.config import parse_config
-from agent.lab import binaries, cluster, controlplane, topology
+from agent.controller.request import ServiceRequest, request_from_raw
+from lab import binaries, cluster, controlplane, topology
 
 REPO = Path(__file__).resolve().parents[2]
 VAGRANT = REPO / "vagrant"

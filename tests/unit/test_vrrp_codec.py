@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.announce.vrrp_codec import (
+from agent.announce.vrrp.codec import (
     DEFAULT_CHECKSUM_MODE,
     Advert,
     ChecksumMode,
@@ -30,7 +30,7 @@ from agent.announce.vrrp_codec import (
     encode,
     internet_checksum,
 )
-from agent.model import IPAddress
+from agent.model.desired_state import IPAddress
 
 GROUP4 = IPv4Address("224.0.0.18")
 GROUP6 = IPv6Address("ff02::12")
@@ -355,7 +355,7 @@ def test_decode_of_random_advert_shaped_bytes_raises_only_its_own_error(
 
 # -- purity -----------------------------------------------------------------------------------
 
-PURE_MODULES = ("agent.announce", "agent.announce.vrrp_codec", "agent.announce.vrrp_state")
+PURE_MODULES = ("agent.announce", "agent.announce.vrrp.codec", "agent.announce.vrrp.machine")
 FORBIDDEN = {"socket", "asyncio", "time", "select", "selectors", "threading"}
 
 

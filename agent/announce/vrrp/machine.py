@@ -1,0 +1,395 @@
+"""The VRRPv3 state machine of RFC 5798 §6.4 (RFC 9568 §6.4) as data and one pure function.
+
+`step(instance, event) -> (instance, actions)`: states are an Enum, events and actions are
+frozen dataclasses, and time arrives inside every event (`now`, integer microseconds on a
+monotonic clock, the resolution keepalived uses). Intervals configured or carried on the wire
+are centiseconds; deadlines in actions are absolute microseconds on the same clock as `now`.
+The I/O layer owns the two timers (Adver_Timer, Master_Down_Timer), the socket and the
+addresses, and performs the returned actions in order. At most one of the two timers runs
+at any time: every transition cancels or lets expire the one it leaves behind.
+
+Timers (§6.1, §6.2)::
+
+    Skew_Time            = ((256 - Priority) * Master_Adver_Interval) / 256
+    Master_Down_Interval = 3 * Master_Adver_Interval + Skew_Time
+
+computed exactly in microseconds (floor). A Backup learns Master_Adver_Interval from every
+advert it accepts (§6.4.2). Timer events are honoured only when they are due (`now` at or
+past the deadline this instance recorded); an event for a timer that was restarted or
+cancelled meanwhile is stale and ignored, so a racing I/O layer cannot cause a takeover.
+
+Beyond the RFC table: a Master hearing a lower-ranked Master (a healed partition) advertises
+at once and re-sends its gratuitous announcements instead of discarding the advert silently;
+`PriorityChanged` (a Master re-advertises at once; Backups just take the
+new value), `preempt_delay` (keepalived's meaning: for that long after Startup a Backup does
+not preempt a lower-priority Master), `startup_delay` (added to the first Master_Down_Timer
+after Startup only, so that the preferred router wins the first election of a new instance
+even when it started it a little later; nodelb sets it by rank), and the addresses:
+`AddAddresses` on becoming Master, `RemoveAddresses` on leaving it. Accept_Mode is not
+modelled (nodelb's rules decide what a held address accepts).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+from agent.model.desired_state import IPAddress
+
+OWNER_PRIORITY = 255  # the IP address owner (§5.2.4)
+DEFAULT_PRIORITY = 100
+DEFAULT_ADVER_INT_CS = 100  # 1 s (§5.2.7's default)
+US_PER_CS = 10_000
+
+
+class State(enum.Enum):
+    """The three states of §6.4."""
+
+    INITIALIZE = "Initialize"
+    BACKUP = "Backup"
+    MASTER = "Master"
+
+
+# -- events -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Startup:
+    """The instance is enabled (§6.4.1)."""
+
+    now: int
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """The instance is disabled; a Master resigns with a priority-0 advert (§6.4.3)."""
+
+    now: int
+
+
+@dataclass(frozen=True, slots=True)
+class MasterDownTimerFired:
+    """The Master_Down_Timer set by the last StartMasterDownTimer expired."""
+
+    now: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdverTimerFired:
+    """The Adver_Timer set by the last StartAdverTimer expired."""
+
+    now: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdvertReceived:
+    """A valid advert for this VRID arrived from `src` (the sender's primary address).
+
+    The I/O layer has already checked TTL 255, the codec's checks, the VRID, and that `src`
+    is a known peer and not this node; `max_adver_int` is in centiseconds.
+    """
+
+    now: int
+    src: IPAddress
+    priority: int
+    max_adver_int: int
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityChanged:
+    """This router's priority for the VRID is now `priority` (1..255)."""
+
+    now: int
+    priority: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.priority <= OWNER_PRIORITY:
+            raise ValueError(f"a router's own priority is 1..255, got {self.priority}")
+
+
+Event = (
+    Startup | Shutdown | MasterDownTimerFired | AdverTimerFired | AdvertReceived | PriorityChanged
+)
+EVENT_TYPES: tuple[type[Event], ...] = (
+    Startup,
+    Shutdown,
+    MasterDownTimerFired,
+    AdverTimerFired,
+    AdvertReceived,
+    PriorityChanged,
+)
+
+# -- actions ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SendAdvert:
+    """Multicast an advert with this priority (0 = resign) and this instance's interval."""
+
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartAdverTimer:
+    """(Re)start the Adver_Timer to fire at `at` (µs)."""
+
+    at: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartMasterDownTimer:
+    """(Re)start the Master_Down_Timer to fire at `at` (µs)."""
+
+    at: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimers:
+    """Cancel both timers."""
+
+
+@dataclass(frozen=True, slots=True)
+class AddAddresses:
+    """Bind the virtual addresses to the interface (becoming Master)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveAddresses:
+    """Remove the virtual addresses from the interface (leaving Master)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendGratuitous:
+    """Send the gratuitous ARP (IPv4) / unsolicited NA (IPv6) burst for every address."""
+
+
+Action = (
+    SendAdvert
+    | StartAdverTimer
+    | StartMasterDownTimer
+    | CancelTimers
+    | AddAddresses
+    | RemoveAddresses
+    | SendGratuitous
+)
+
+# -- the instance -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VrrpInstance:
+    """One virtual router as this node runs it: configuration plus protocol state.
+
+    Configuration: `vrid`, `priority` (1..255; 255 = address owner, which starts as Master),
+    `primary_ip` (this node's address on the segment, used for the §6.4.3 tie-break),
+    `advertisement_interval` (cs), `preempt`, `preempt_delay` (cs after Startup),
+    `startup_delay` (cs added to the first Master_Down_Timer after Startup).
+    State: `state`; `master_adver_interval` (cs; learned from the Master's adverts);
+    `adver_timer_at` / `master_down_at` (µs deadlines, None when that timer is not running);
+    `started_at` (µs, None before Startup); `master` (the current Master's address as last
+    learned, None when unknown; this node's own when it is Master).
+    """
+
+    vrid: int
+    priority: int
+    primary_ip: IPAddress
+    advertisement_interval: int = DEFAULT_ADVER_INT_CS
+    preempt: bool = True
+    preempt_delay: int = 0
+    startup_delay: int = 0
+    state: State = State.INITIALIZE
+    master_adver_interval: int = DEFAULT_ADVER_INT_CS
+    adver_timer_at: int | None = None
+    master_down_at: int | None = None
+    started_at: int | None = None
+    master: IPAddress | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.vrid <= 255:
+            raise ValueError(f"vrid must be 1..255, got {self.vrid}")
+        if not 1 <= self.priority <= OWNER_PRIORITY:
+            raise ValueError(f"a router's own priority is 1..255, got {self.priority}")
+        if not 1 <= self.advertisement_interval <= 0x0FFF:
+            raise ValueError(
+                f"advertisement_interval must be 1..4095 cs, got {self.advertisement_interval}"
+            )
+        if self.preempt_delay < 0:
+            raise ValueError(f"preempt_delay must be >= 0, got {self.preempt_delay}")
+        if self.startup_delay < 0:
+            raise ValueError(f"startup_delay must be >= 0, got {self.startup_delay}")
+
+    @property
+    def skew_time(self) -> int:
+        """Return Skew_Time in µs for this priority and the current Master_Adver_Interval."""
+        return skew_time(self.priority, self.master_adver_interval)
+
+    @property
+    def master_down_interval(self) -> int:
+        """Return Master_Down_Interval in µs (3 × Master_Adver_Interval + Skew_Time)."""
+        return master_down_interval(self.priority, self.master_adver_interval)
+
+
+def skew_time(priority: int, master_adver_interval: int) -> int:
+    """Return Skew_Time in µs: ((256 - priority) × interval) / 256, interval in cs (§6.1)."""
+    return (256 - priority) * master_adver_interval * US_PER_CS // 256
+
+
+def master_down_interval(priority: int, master_adver_interval: int) -> int:
+    """Return Master_Down_Interval in µs: 3 × interval + Skew_Time, interval in cs (§6.1)."""
+    return 3 * master_adver_interval * US_PER_CS + skew_time(priority, master_adver_interval)
+
+
+def wins_over_local(instance: VrrpInstance, event: AdvertReceived) -> bool:
+    """Return True when the sender of `event` outranks this router (§6.4.3).
+
+    Higher priority wins; on equal priority the higher primary address (compared as an
+    unsigned integer) wins.
+    """
+    if event.priority != instance.priority:
+        return event.priority > instance.priority
+    return int(event.src) > int(instance.primary_ip)
+
+
+# -- the transition function ------------------------------------------------------------------
+
+
+def step(instance: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Action, ...]]:
+    """Return the instance after `event` and the actions to perform, in order (§6.4).
+
+    An empty action tuple with an unchanged instance means the event does not apply in this
+    state (a stale timer, a second Startup, an advert while Initialize, a Backup discarding a
+    lower-priority advert while preempting); no event raises.
+    """
+    if isinstance(event, PriorityChanged):
+        return _priority_changed(instance, event)
+    if instance.state is State.INITIALIZE:
+        return _initialize(instance, event)
+    if instance.state is State.BACKUP:
+        return _backup(instance, event)
+    return _master(instance, event)
+
+
+def _initialize(inst: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Action, ...]]:
+    if not isinstance(event, Startup):
+        return inst, ()
+    now = event.now
+    if inst.priority == OWNER_PRIORITY:  # §6.4.1: the address owner starts as Master
+        return _become_master(replace(inst, started_at=now), now)
+    learned = replace(
+        inst,
+        state=State.BACKUP,
+        started_at=now,
+        master_adver_interval=inst.advertisement_interval,
+        master=None,
+    )
+    first = learned.master_down_interval + inst.startup_delay * US_PER_CS
+    return _restart_master_down(learned, now + first)
+
+
+def _backup(inst: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Action, ...]]:
+    if isinstance(event, Shutdown):  # §6.4.2: cancel Master_Down_Timer, to Initialize
+        return _stopped(inst), (CancelTimers(),)
+    if isinstance(event, MasterDownTimerFired):
+        if inst.master_down_at is None or event.now < inst.master_down_at:
+            return inst, ()  # stale: the timer was restarted after this one was scheduled
+        return _become_master(inst, event.now)
+    if isinstance(event, AdvertReceived):
+        if event.priority == 0:  # the Master resigned: take over after Skew_Time only
+            return _restart_master_down(inst, event.now + inst.skew_time)
+        if not _preempting(inst, event.now) or event.priority >= inst.priority:
+            learned = replace(inst, master_adver_interval=event.max_adver_int, master=event.src)
+            return _restart_master_down(learned, event.now + learned.master_down_interval)
+        return inst, ()  # preempting a lower-priority Master: let the down timer run out
+    return inst, ()  # Startup while running, or an Adver_Timer that no longer exists
+
+
+def _master(inst: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Action, ...]]:
+    now = event.now
+    if isinstance(event, Shutdown):  # §6.4.3: cancel Adver_Timer, resign, to Initialize
+        return _stopped(inst), (CancelTimers(), SendAdvert(0), RemoveAddresses())
+    if isinstance(event, AdverTimerFired):
+        if inst.adver_timer_at is None or now < inst.adver_timer_at:
+            return inst, ()  # stale
+        return _advertise(inst, now)
+    if isinstance(event, AdvertReceived):
+        if event.priority == 0:  # another router resigned: assert ourselves at once
+            return _advertise(inst, now)
+        if wins_over_local(inst, event):  # §6.4.3: step down to Backup
+            learned = replace(
+                inst,
+                state=State.BACKUP,
+                master_adver_interval=event.max_adver_int,
+                master=event.src,
+                adver_timer_at=None,
+            )
+            at = now + learned.master_down_interval
+            return replace(learned, master_down_at=at), (
+                CancelTimers(),
+                RemoveAddresses(),
+                StartMasterDownTimer(at),
+            )
+        # A lower-ranked Master: two Masters, as after a healed partition. §6.4.3 discards
+        # the advert; like keepalived we answer at once (it steps down on our advert) and
+        # re-announce, because neighbours that followed the other Master still point at it.
+        inst, actions = _advertise(inst, now)
+        return inst, (*actions, SendGratuitous())
+    return inst, ()  # Startup while running, or a Master_Down_Timer that no longer exists
+
+
+def _priority_changed(
+    inst: VrrpInstance, event: PriorityChanged
+) -> tuple[VrrpInstance, tuple[Action, ...]]:
+    if event.priority == inst.priority:
+        return inst, ()
+    changed = replace(inst, priority=event.priority)
+    if inst.state is State.MASTER:  # tell the Backups now: one may preempt a lowered Master
+        return _advertise(changed, event.now)
+    return changed, ()
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _preempting(inst: VrrpInstance, now: int) -> bool:
+    if not inst.preempt:
+        return False
+    started = inst.started_at if inst.started_at is not None else now
+    return now >= started + inst.preempt_delay * US_PER_CS
+
+
+def _become_master(inst: VrrpInstance, now: int) -> tuple[VrrpInstance, tuple[Action, ...]]:
+    at = now + inst.advertisement_interval * US_PER_CS
+    master = replace(
+        inst,
+        state=State.MASTER,
+        adver_timer_at=at,
+        master_down_at=None,
+        master=inst.primary_ip,
+    )
+    actions: tuple[Action, ...] = (
+        SendAdvert(inst.priority),
+        AddAddresses(),
+        SendGratuitous(),
+        StartAdverTimer(at),
+    )
+    return master, actions
+
+
+def _advertise(inst: VrrpInstance, now: int) -> tuple[VrrpInstance, tuple[Action, ...]]:
+    at = now + inst.advertisement_interval * US_PER_CS
+    return replace(inst, adver_timer_at=at), (SendAdvert(inst.priority), StartAdverTimer(at))
+
+
+def _restart_master_down(inst: VrrpInstance, at: int) -> tuple[VrrpInstance, tuple[Action, ...]]:
+    return replace(inst, master_down_at=at, adver_timer_at=None), (StartMasterDownTimer(at),)
+
+
+def _stopped(inst: VrrpInstance) -> VrrpInstance:
+    return replace(
+        inst,
+        state=State.INITIALIZE,
+        adver_timer_at=None,
+        master_down_at=None,
+        started_at=None,
+        master=None,
+    )

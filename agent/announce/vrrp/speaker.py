@@ -1,0 +1,826 @@
+"""The VRRPv3 speaker: the I/O shell around vrrp_codec and vrrp_state, in its own process.
+
+One thread, one `selectors` loop, one monotonic-clock timer heap. The loop waits for the
+earliest timer or for input (a VRRP socket per family, the control pipe, a signal), turns what
+happened into a `vrrp_state` event with `now` in microseconds, and performs the actions `step`
+returns: send an advert, (re)start a timer, add or remove the held addresses, start a
+gratuitous ARP / NA burst. Nothing here decides anything the RFC table decides.
+
+Why a process of its own: the agent's Python process does CPU-heavy work (a full sync of 10k
+Services), and adverts must leave on time whatever it does (a late advert is a false failover
+and a split brain). Here no other Python thread competes for the GIL.
+
+Receive-side checks (RFC 5798 §7.1) in order, each drop counted by family and `DropReason`:
+IP header malformed, TTL / hop limit not 255, source not a configured peer, then the codec's
+checks (its `DecodeReason`), then a VRID this node does not run. An advert from this node's
+own address is ignored without counting (multicast loopback is off; this is a safety net).
+
+Control and status: the parent writes JSON lines to stdin (`{"config": {...}}`,
+`{"stop": {"graceful": true}}`); EOF on stdin (the parent died or closed it) is a graceful
+stop. The speaker writes a JSON status snapshot to `--status` (write to a temporary file,
+then rename), at once after a state change and at most every 100 ms otherwise, so the parent
+can poll it without ever blocking this loop. SIGTERM / SIGINT are a graceful stop: every
+Master resigns with a priority-0 advert (RFC 5798 §6.4.3) and removes its addresses once a
+backup has taken over (see `Speaker._resign`); then the speaker exits.
+
+Run: `python -m agent.announce.vrrp.speaker --config FILE --status FILE [--control-stdin]
+[--parent-pid PID]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import enum
+import heapq
+import ipaddress
+import json
+import logging
+import logging.handlers
+import os
+import queue
+import selectors
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from agent import logs
+from agent.announce.vrrp import machine as vs
+from agent.announce.vrrp.addresses import AddressTable
+from agent.announce.vrrp.codec import Advert, VrrpDecodeError, decode, encode
+from agent.announce.vrrp.config import InstanceConfig, SpeakerConfig, from_json
+from agent.announce.vrrp.gratuitous import ArpSender, Kind, NaSender, arp_frame, unsolicited_na
+from agent.announce.vrrp.sockets import GROUP4, GROUP6, VRRP_TTL, Received, VrrpSocket
+from agent.model.desired_state import IPAddress
+
+log = logging.getLogger("nodelb.speaker")
+
+STATUS_INTERVAL_US = 100_000
+LATE_US = 10_000  # a timer this late is counted (10 % of the fastest usual interval)
+EVENT_HISTORY = 64
+PR_SET_PDEATHSIG = 1
+
+
+class DropReason(enum.StrEnum):
+    """Why an incoming packet was dropped before the codec (the codec adds its DecodeReason)."""
+
+    MALFORMED = "malformed"  # the IP header could not be parsed
+    TTL = "ttl"  # TTL / hop limit is not 255 (RFC 5798 §7.1)
+    UNKNOWN_SOURCE = "unknown_source"  # the source is not a configured peer
+    UNKNOWN_VRID = "unknown_vrid"  # a valid advert for a VRID this node does not run
+
+
+class TimerKind(enum.IntEnum):
+    """Which timer a heap entry is; one of each may be pending per instance."""
+
+    ADVER = 1
+    MASTER_DOWN = 2
+    GRATUITOUS = 3
+    HANDOVER = 4
+
+
+@dataclass(slots=True)
+class Running:
+    """One instance as the shell runs it: configuration, protocol state, counters."""
+
+    config: InstanceConfig
+    instance: vs.VrrpInstance
+    adverts_sent: int = 0
+    adverts_received: int = 0
+    takeovers: int = 0
+    transitions: dict[str, int] = field(default_factory=dict)
+    gratuitous_left: int = 0  # rounds of the current burst still to send
+    gratuitous_at: int | None = None  # when the next round is due (µs), None when none is
+
+
+def now_us() -> int:
+    """Return the monotonic clock in integer microseconds (the clock every deadline uses)."""
+    return time.monotonic_ns() // 1000
+
+
+class Speaker:
+    """The speaker loop for one interface. `run()` blocks until stopped; returns an exit code.
+
+    The constructor only stores its arguments; sockets open in `run()` and close before it
+    returns. `control` is a readable file descriptor carrying JSON lines (None: no control
+    channel; stop with a signal).
+    """
+
+    def __init__(
+        self,
+        config: SpeakerConfig,
+        *,
+        status_path: Path,
+        control: int | None = None,
+        clock: Callable[[], int] = now_us,
+    ) -> None:
+        self.config = config
+        self.status_path = status_path
+        self.control = control
+        self.clock = clock
+        self.running: dict[tuple[int, int], Running] = {}
+        self.sockets: dict[int, VrrpSocket] = {}
+        self.table = AddressTable(config.interface)
+        self.arp = ArpSender(config.interface)
+        self.na = NaSender(config.interface)
+        self.link_local: ipaddress.IPv6Address | None = None
+        self.mac = b""
+        self.dropped: dict[int, dict[str, int]] = {4: {}, 6: {}}
+        self.gratuitous_sent: dict[int, dict[str, int]] = {4: {}, 6: {}}
+        self.send_errors = 0
+        self.timer_late_max_us = 0  # the latest a timer fired after its deadline
+        self.timers_late = 0  # timers that fired more than LATE_US late
+        self.late_log: deque[tuple[int, int]] = deque(maxlen=16)  # (deadline, lateness) µs
+        self.events: deque[dict[str, Any]] = deque(maxlen=EVENT_HISTORY)
+        self.event_seq = 0
+        self.errors: deque[str] = deque(maxlen=8)
+        self._heap: list[tuple[int, int, TimerKind, tuple[int, int]]] = []
+        self._heap_seq = 0
+        self._selector = selectors.DefaultSelector()
+        self._stop: bool | None = None  # None: keep running; True/False: graceful or not
+        self._control_buffer = b""
+        self._status_dirty = True
+        self._status_written_at = -STATUS_INTERVAL_US
+        self._status_seq = 0
+        self._state = "starting"
+        self._wake_r, self._wake_w = socket.socketpair()
+        # Resigned Masters keep their addresses until a backup takes over (or a deadline):
+        # (family, vrid) -> (addresses, deadline µs, a new Master was heard). See `_resign`.
+        self._handover: dict[tuple[int, int], tuple[tuple[IPAddress, ...], int, bool]] = {}
+        self._defer_removal = False
+        self._writer = StatusWriter(status_path, config.interface)
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until a stop request, SIGTERM/SIGINT or EOF on control; return the exit code."""
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        old_wakeup = signal.set_wakeup_fd(self._wake_w.fileno())
+        old_handlers = {
+            s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)
+        }
+        self._writer.start()
+        try:
+            self._open()
+            self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+            if self.control is not None:
+                os.set_blocking(self.control, False)
+                self._selector.register(self.control, selectors.EVENT_READ, "control")
+            self._apply(self.config, initial=True)
+            self._state = "running"
+            self._write_status(self.clock())
+            while self._stop is None:
+                self._once()
+            self._shutdown(graceful=self._stop)
+            return 0
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for s, h in old_handlers.items():
+                signal.signal(s, h)
+            self._close()
+
+    def _once(self) -> None:
+        now = self.clock()
+        timeout = None
+        if self._heap:
+            timeout = max(0.0, (self._heap[0][0] - now) / 1_000_000)
+        if self._status_dirty:
+            flush_in = max(0.0, (self._status_written_at + STATUS_INTERVAL_US - now) / 1e6)
+            timeout = flush_in if timeout is None else min(timeout, flush_in)
+        for key, _ in self._selector.select(timeout):
+            if key.data == "wake":
+                with contextlib.suppress(BlockingIOError):
+                    self._wake_r.recv(4096)
+            elif key.data == "control":
+                self._read_control()
+            else:
+                self._receive(int(key.data))
+        self._fire_due_timers()
+        now = self.clock()
+        if self._status_dirty and now - self._status_written_at >= STATUS_INTERVAL_US:
+            self._write_status(now)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self._stop is None:
+            self._stop = True
+
+    # -- setup and teardown -------------------------------------------------------------------
+
+    def _open(self) -> None:
+        self.table.open()
+        self.mac = self.table.mac()
+        self.link_local = self.table.link_local()
+        # Addresses a crashed speaker left behind: nobody here holds anything yet.
+        stale = self.table.remove_stale()
+        if stale:
+            log.info("removed stale addresses", extra={"addresses": sorted(map(str, stale))})
+        self.arp.open()
+        self.na.open()
+
+    def _socket(self, family: int) -> VrrpSocket:
+        sock = self.sockets.get(family)
+        if sock is None:
+            sock = VrrpSocket(family, self.config.interface)
+            sock.open()
+            self.sockets[family] = sock
+            self._selector.register(sock.fileno(), selectors.EVENT_READ, str(family))
+        return sock
+
+    def _close(self) -> None:
+        self._writer.close()
+        for sock in self.sockets.values():
+            sock.close()
+        self.sockets.clear()
+        self.arp.close()
+        self.na.close()
+        self.table.close()
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _shutdown(self, *, graceful: bool) -> None:
+        now = self.clock()
+        if graceful:
+            for run in list(self.running.values()):
+                self._resign(run, now)
+            self.running.clear()
+            while self._handover:  # bounded: every handover has a deadline
+                self._once()
+        # Whatever the instances did, leave no marked address behind.
+        with contextlib.suppress(Exception):
+            self.table.remove_stale()
+        self.running.clear()
+        self._state = "stopped"
+        self._write_status(self.clock())
+
+    # -- configuration ------------------------------------------------------------------------
+
+    def _read_control(self) -> None:
+        assert self.control is not None
+        try:
+            chunk = os.read(self.control, 65536)
+        except BlockingIOError:
+            return
+        if not chunk:  # the parent closed the pipe or died: resign and go
+            self._selector.unregister(self.control)
+            self.control = None
+            if self._stop is None:
+                self._stop = True
+            return
+        self._control_buffer += chunk
+        while b"\n" in self._control_buffer:
+            line, self._control_buffer = self._control_buffer.split(b"\n", 1)
+            if line.strip():
+                self._command(line)
+
+    def _command(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+            if "stop" in message:
+                self._stop = bool(message["stop"].get("graceful", True))
+            elif "config" in message:
+                self._apply(from_json(message["config"]), initial=False)
+            else:
+                raise ValueError(f"unknown command {sorted(message)}")
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            # The instances applied before the failure keep running; the parent sees the
+            # error in the status and can send the configuration again.
+            log.error("refused control message", extra={"error": str(exc)})
+            self.errors.append(f"control: {exc}")
+            self._status_dirty = True
+
+    def _primary(self, family: int) -> IPAddress:
+        if family == 4:
+            if self.config.source4 is None:
+                raise ValueError("no IPv4 source address configured")
+            return self.config.source4
+        if self.link_local is None:
+            raise ValueError(f"{self.config.interface} has no IPv6 link-local address")
+        return self.link_local
+
+    def _apply(self, config: SpeakerConfig, *, initial: bool) -> None:
+        """Move from the running instances to `config`'s, leaving unchanged ones alone."""
+        if config.interface != self.config.interface:
+            raise ValueError("the interface cannot change; restart the speaker")
+        self.config = config
+        now = self.clock()
+        wanted = {i.key: i for i in config.instances}
+        for key in [k for k in self.running if k not in wanted]:
+            self._resign(self.running.pop(key), now)
+        for key, cfg in wanted.items():
+            run_or_none = self.running.get(key)
+            if run_or_none is None:
+                self._socket(cfg.family)
+                instance = vs.VrrpInstance(
+                    vrid=cfg.vrid,
+                    priority=cfg.priority,
+                    primary_ip=self._primary(cfg.family),
+                    advertisement_interval=cfg.advert_interval_cs,
+                    preempt=cfg.preempt,
+                    preempt_delay=cfg.preempt_delay_cs,
+                    startup_delay=cfg.startup_delay_cs,
+                )
+                run = Running(config=cfg, instance=instance)
+                self.running[key] = run
+                self._step(run, vs.Startup(now))
+                continue
+            self._reconfigure(run_or_none, cfg, now)
+        self._status_dirty = True
+        if not initial:
+            log.info("configuration applied", extra={"instances": len(self.running)})
+
+    def _reconfigure(self, run: Running, cfg: InstanceConfig, now: int) -> None:
+        old = run.config
+        run.config = cfg
+        run.instance = replace(
+            run.instance,
+            primary_ip=self._primary(cfg.family),
+            advertisement_interval=cfg.advert_interval_cs,
+            preempt=cfg.preempt,
+            preempt_delay=cfg.preempt_delay_cs,
+            startup_delay=cfg.startup_delay_cs,
+        )
+        if run.instance.state is vs.State.MASTER and cfg.addresses != old.addresses:
+            gone = [a for a in old.addresses if a not in cfg.addresses]
+            new = [a for a in cfg.addresses if a not in old.addresses]
+            self._remove_addresses(gone)
+            for a in new:
+                self.table.add(a)
+            if new:
+                self._start_gratuitous(run, now)
+        if cfg.priority != old.priority:
+            self._step(run, vs.PriorityChanged(now, cfg.priority))
+
+    # -- resigning ----------------------------------------------------------------------------
+
+    def _resign(self, run: Running, now: int) -> None:
+        """Shut `run` down; a Master keeps its addresses until a backup has taken over.
+
+        Why: removing them with the priority-0 advert (RFC 5798 §6.4.3) leaves the VIP
+        unheld for Skew_Time plus the time the new Master's gratuitous ARP / NA takes to reach
+        the clients, and every request sent meanwhile is lost. Keeping them until the first
+        non-zero-priority advert of another router for this VRID plus one advert interval (or,
+        if none comes, for one Master_Down_Interval of the lowest priority) makes a graceful
+        handover lose (nearly) nothing: bench/failover.py measures it.
+        """
+        was_master = run.instance.state is vs.State.MASTER
+        self._defer_removal = was_master
+        try:
+            self._step(run, vs.Shutdown(now))
+        finally:
+            self._defer_removal = False
+        if was_master:
+            deadline = now + vs.master_down_interval(1, run.config.advert_interval_cs)
+            self._handover[run.config.key] = (run.config.addresses, deadline, False)
+            self._push(deadline, TimerKind.HANDOVER, run.config.key)
+
+    def _handed_over(self, key: tuple[int, int]) -> None:
+        addresses, _, _ = self._handover.pop(key)
+        held_again = {
+            a
+            for r in self.running.values()
+            if r.instance.state is vs.State.MASTER
+            for a in r.config.addresses
+        }
+        self._remove_addresses([a for a in addresses if a not in held_again])
+
+    # -- the state machine and its actions ----------------------------------------------------
+
+    def _step(self, run: Running, event: vs.Event) -> None:
+        before = run.instance.state
+        run.instance, actions = vs.step(run.instance, event)
+        after = run.instance.state
+        if after is not before:
+            run.transitions[after.value] = run.transitions.get(after.value, 0) + 1
+            if after is vs.State.MASTER:
+                run.takeovers += 1
+            self.event_seq += 1
+            self.events.append(
+                {
+                    "seq": self.event_seq,
+                    "time_us": event.now,
+                    "vrid": run.config.vrid,
+                    "family": run.config.family,
+                    "from": before.value,
+                    "to": after.value,
+                    "event": type(event).__name__,
+                }
+            )
+            log.info(
+                "state change",
+                extra={
+                    "vrid": run.config.vrid,
+                    "family": run.config.family,
+                    "from": before.value,
+                    "to": after.value,
+                },
+            )
+            self._status_dirty = True
+            self._status_written_at = -STATUS_INTERVAL_US  # tell the parent at once
+        for action in actions:
+            self._perform(run, action, event.now)
+
+    def _perform(self, run: Running, action: vs.Action, now: int) -> None:
+        key = run.config.key
+        if isinstance(action, vs.SendAdvert):
+            self._send_advert(run, action.priority)
+        elif isinstance(action, vs.StartAdverTimer):
+            self._push(action.at, TimerKind.ADVER, key)
+        elif isinstance(action, vs.StartMasterDownTimer):
+            self._push(action.at, TimerKind.MASTER_DOWN, key)
+        elif isinstance(action, vs.CancelTimers):
+            pass  # heap entries whose deadline no longer matches the instance are skipped
+        elif isinstance(action, vs.AddAddresses):
+            for address in run.config.addresses:
+                try:
+                    self.table.add(address)
+                except Exception as exc:
+                    self._error(f"add {address}: {exc}")
+            self._status_dirty = True
+        elif isinstance(action, vs.RemoveAddresses):
+            run.gratuitous_at = None
+            run.gratuitous_left = 0
+            if not self._defer_removal:
+                self._remove_addresses(run.config.addresses)
+        elif isinstance(action, vs.SendGratuitous):
+            self._start_gratuitous(run, now)
+
+    def _remove_addresses(self, addresses: tuple[IPAddress, ...] | list[IPAddress]) -> None:
+        for address in addresses:
+            try:
+                self.table.remove(address)
+            except Exception as exc:
+                self._error(f"remove {address}: {exc}")
+        self._status_dirty = True
+
+    def _send_advert(self, run: Running, priority: int) -> None:
+        cfg = run.config
+        src = self._primary(cfg.family)
+        dst: IPAddress = GROUP4 if cfg.family == 4 else GROUP6
+        advert = Advert(
+            vrid=cfg.vrid,
+            priority=priority,
+            max_adver_int=cfg.advert_interval_cs,
+            addresses=cfg.addresses,
+        )
+        message = encode(advert, src=src, dst=dst, checksum_mode=self.config.checksum_mode)
+        try:
+            self._socket(cfg.family).send(message, src=src)
+        except OSError as exc:
+            self.send_errors += 1
+            self._error(f"send advert VRID {cfg.vrid} IPv{cfg.family}: {exc}")
+            return
+        run.adverts_sent += 1
+        self._status_dirty = True
+
+    def _start_gratuitous(self, run: Running, now: int) -> None:
+        run.gratuitous_left = self.config.gratuitous.count
+        run.gratuitous_at = now
+        self._gratuitous_round(run)
+
+    def _gratuitous_round(self, run: Running) -> None:
+        g = self.config.gratuitous
+        forms = [(Kind.ARP_REQUEST, g.arp_request), (Kind.ARP_REPLY, g.arp_reply)]
+        for address in run.config.addresses:
+            if isinstance(address, ipaddress.IPv4Address):
+                for kind in [k for k, on in forms if on]:
+                    frame = arp_frame(kind, mac=self.mac, address=address)
+                    self._send_gratuitous(4, kind, frame, None)
+            else:
+                src = self._primary(6)
+                assert isinstance(src, ipaddress.IPv6Address)
+                message = unsolicited_na(target=address, mac=self.mac, src=src)
+                self._send_gratuitous(6, Kind.NA, message, src)
+        run.gratuitous_left -= 1
+        now = self.clock()  # spacing counts from when this round actually left
+        if run.gratuitous_left > 0:
+            run.gratuitous_at = now + g.spacing_ms * 1000
+        elif g.refresh_s is not None:
+            run.gratuitous_left = 1
+            run.gratuitous_at = now + int(g.refresh_s * 1_000_000)
+        else:
+            run.gratuitous_at = None
+        if run.gratuitous_at is not None:
+            self._push(run.gratuitous_at, TimerKind.GRATUITOUS, run.config.key)
+
+    def _send_gratuitous(
+        self, family: int, kind: Kind, packet: bytes, src: ipaddress.IPv6Address | None
+    ) -> None:
+        try:
+            if src is None:
+                self.arp.send(packet)
+            else:
+                self.na.send(packet, src=src)
+        except OSError as exc:
+            self._error(f"send {kind}: {exc}")
+            return
+        counts = self.gratuitous_sent[family]
+        counts[kind.value] = counts.get(kind.value, 0) + 1
+        self._status_dirty = True
+
+    def _error(self, message: str) -> None:
+        log.warning(message)
+        self.errors.append(message)
+        self._status_dirty = True
+
+    # -- timers -------------------------------------------------------------------------------
+
+    def _push(self, at: int, kind: TimerKind, key: tuple[int, int]) -> None:
+        self._heap_seq += 1
+        heapq.heappush(self._heap, (at, self._heap_seq, kind, key))
+
+    def _fire_due_timers(self) -> None:
+        while self._heap and self._heap[0][0] <= self.clock():
+            at, _, kind, key = heapq.heappop(self._heap)
+            if kind is TimerKind.HANDOVER:
+                pending = self._handover.get(key)
+                if pending is not None and pending[1] == at:
+                    self._handed_over(key)
+                continue
+            run = self.running.get(key)
+            if run is None:
+                continue
+            now = self.clock()
+            late = now - at
+            self.timer_late_max_us = max(self.timer_late_max_us, late)
+            if late > LATE_US:
+                self.timers_late += 1
+                self.late_log.append((at, late))
+            if kind is TimerKind.ADVER and run.instance.adver_timer_at == at:
+                self._step(run, vs.AdverTimerFired(now))
+            elif kind is TimerKind.MASTER_DOWN and run.instance.master_down_at == at:
+                self._step(run, vs.MasterDownTimerFired(now))
+            elif (
+                kind is TimerKind.GRATUITOUS
+                and run.gratuitous_at == at
+                and run.instance.state is vs.State.MASTER
+            ):
+                self._gratuitous_round(run)
+
+    # -- receiving ----------------------------------------------------------------------------
+
+    def _drop(self, family: int, reason: str) -> None:
+        counts = self.dropped[family]
+        counts[reason] = counts.get(reason, 0) + 1
+        self._status_dirty = True
+
+    def _receive(self, family: int) -> None:
+        sock = self.sockets[family]
+        for _ in range(64):  # bounded: timers must not starve behind a flood
+            try:
+                packet = sock.recv()
+            except OSError as exc:
+                self._error(f"receive IPv{family}: {exc}")
+                return
+            if packet is None:
+                return
+            self._accept(family, packet)
+
+    def _accept(self, family: int, packet: Received) -> None:
+        now = self.clock()
+        own = self.config.source4 if family == 4 else self.link_local
+        if packet.src == own:
+            return
+        if packet.ttl != VRRP_TTL:
+            self._drop(family, DropReason.TTL)
+            return
+        if packet.src not in self.config.peers:
+            self._drop(family, DropReason.UNKNOWN_SOURCE)
+            return
+        try:
+            advert = decode(
+                packet.payload,
+                src=packet.src,
+                dst=packet.dst,
+                family=family,
+                checksum_mode=self.config.checksum_mode,
+            )
+        except VrrpDecodeError as exc:
+            self._drop(family, exc.reason)
+            return
+        key = (family, advert.vrid)
+        handing_over = key in self._handover
+        if handing_over and advert.priority > 0 and not self._handover[key][2]:
+            # Another router is Master now; its gratuitous burst follows its first advert.
+            # One more advert interval lets the clients' caches move before this node stops
+            # answering, so requests in flight still land somewhere.
+            addresses = self._handover[key][0]
+            deadline = now + advert.max_adver_int * vs.US_PER_CS
+            self._handover[key] = (addresses, deadline, True)
+            self._push(deadline, TimerKind.HANDOVER, key)
+        run = self.running.get(key)
+        if run is None:
+            if not handing_over:
+                self._drop(family, DropReason.UNKNOWN_VRID)
+            return
+        run.adverts_received += 1
+        self._status_dirty = True
+        event = vs.AdvertReceived(
+            now=now, src=packet.src, priority=advert.priority, max_adver_int=advert.max_adver_int
+        )
+        self._step(run, event)
+
+    # -- status -------------------------------------------------------------------------------
+
+    def status(self, now: int) -> dict[str, Any]:
+        """Return the JSON status snapshot (process.Status reads it)."""
+        return {
+            "pid": os.getpid(),
+            "seq": self._status_seq,
+            "time_us": now,
+            "state": self._state,
+            "interface": self.config.interface,
+            "link_local": None if self.link_local is None else str(self.link_local),
+            "instances": [
+                {
+                    "vrid": run.config.vrid,
+                    "family": run.config.family,
+                    "state": run.instance.state.value,
+                    "priority": run.instance.priority,
+                    "addresses": [str(a) for a in run.config.addresses],
+                    "master": None if run.instance.master is None else str(run.instance.master),
+                    "adverts_sent": run.adverts_sent,
+                    "adverts_received": run.adverts_received,
+                    "takeovers": run.takeovers,
+                    "transitions": dict(run.transitions),
+                }
+                for run in sorted(self.running.values(), key=lambda r: r.config.key)
+            ],
+            "dropped": {str(f): dict(c) for f, c in self.dropped.items()},
+            "gratuitous": {str(f): dict(c) for f, c in self.gratuitous_sent.items()},
+            "held": {"4": [], "6": []},  # filled in by the StatusWriter thread
+            "send_errors": self.send_errors,
+            "timer_late_max_us": self.timer_late_max_us,
+            "timers_late": self.timers_late,
+            "late_timers": [list(x) for x in self.late_log],
+            "events": list(self.events),
+            "errors": list(self.errors),
+        }
+
+    def _write_status(self, now: int) -> None:
+        self._status_seq += 1
+        self._writer.submit(self.status(now))
+        self._status_dirty = False
+        self._status_written_at = now
+
+
+class StatusWriter:
+    """A thread that writes status snapshots to a file, so the loop never waits on a disk.
+
+    `submit` only swaps the pending snapshot (the newest wins: a slow disk loses nothing but
+    intermediate snapshots, whose counters are totals anyway). The thread adds the held
+    addresses from its own netlink socket (an address dump can wait on kernel locks), then
+    writes a temporary file and renames it over the status file. `close()` writes what is
+    pending and stops the thread.
+    """
+
+    def __init__(self, path: Path, ifname: str) -> None:
+        self.path = path
+        self.ifname = ifname
+        self._pending: dict[str, Any] | None = None
+        self._closing = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="status-writer", daemon=True)
+
+    def start(self) -> None:
+        """Start the writer thread."""
+        self._thread.start()
+
+    def submit(self, snapshot: dict[str, Any]) -> None:
+        """Queue `snapshot` for writing, replacing any snapshot not yet written."""
+        with self._cond:
+            self._pending = snapshot
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Write the pending snapshot, if any, and stop the thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10.0)
+
+    def _run(self) -> None:
+        # This thread keeps the SCHED_RR class it inherits: were it demoted, a busy node could
+        # preempt it while it holds the GIL, and the loop would wait for it (priority
+        # inversion). It blocks on the disk and netlink, so it costs the node no CPU.
+        table = AddressTable(self.ifname)
+        try:
+            table.open()
+        except Exception as exc:
+            log.warning("status writer cannot read addresses", extra={"error": str(exc)})
+            table.close()
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closing:
+                    self._cond.wait()
+                snapshot, self._pending = self._pending, None
+                closing = self._closing
+            if snapshot is not None:
+                self._write(table, snapshot)
+            if closing:
+                with self._cond:
+                    if self._pending is None:
+                        break
+        table.close()
+
+    def _write(self, table: AddressTable, snapshot: dict[str, Any]) -> None:
+        held: dict[str, list[str]] = {"4": [], "6": []}
+        try:
+            for a in sorted(table.held(), key=lambda a: (a.version, int(a))):
+                held[str(a.version)].append(str(a))
+        except Exception as exc:
+            snapshot["errors"] = [*snapshot["errors"], f"list addresses: {exc}"]
+        snapshot["held"] = held
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(snapshot))
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("cannot write status", extra={"error": str(exc)})
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel for SIGTERM when the parent dies; exit now if it is already gone."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != parent_pid:  # it died before prctl took effect
+        raise SystemExit(3)
+
+
+def _realtime(priority: int) -> None:
+    """Run this process under SCHED_RR at `priority`; log (and go on) if not permitted.
+
+    Why: on a busy node a normal-priority process can wait tens of milliseconds for a CPU,
+    which at a 100 ms interval is a false failover. The loop sleeps almost all the time, so
+    a real-time class costs the node nothing. Needs CAP_SYS_NICE.
+    """
+    try:
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(priority))
+    except OSError as exc:
+        log.warning("cannot use SCHED_RR", extra={"priority": priority, "error": str(exc)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the speaker from the command line; return the process exit code."""
+    parser = argparse.ArgumentParser(prog="python -m agent.announce.vrrp.speaker")
+    parser.add_argument("--config", type=Path, required=True, help="JSON SpeakerConfig file")
+    parser.add_argument("--status", type=Path, required=True, help="status snapshot file")
+    parser.add_argument("--control-stdin", action="store_true", help="read commands on stdin")
+    parser.add_argument("--parent-pid", type=int, help="die (gracefully) when this parent does")
+    parser.add_argument("--log-format", default="json", choices=("json", "text"))
+    parser.add_argument(
+        "--rt-priority",
+        type=int,
+        default=0,
+        help="SCHED_RR priority (1..99; 0 = normal scheduling), as keepalived's vrrp_rt_priority",
+    )
+    parser.add_argument(
+        "--cpus",
+        default="",
+        help="comma-separated CPUs to run on (empty: any); see agent.announce.vrrp.process",
+    )
+    args = parser.parse_args(argv)
+    if args.cpus:  # first, so that every thread inherits it
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+    if args.rt_priority:  # first, so that every thread (log listener too) inherits it
+        _realtime(args.rt_priority)
+    logs.setup("info", args.log_format)
+    # Log lines go through a queue to a thread: stderr may be a pipe or a disk that stalls,
+    # and the loop must not wait on it.
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    log_queue: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    listener = logging.handlers.QueueListener(log_queue, *root.handlers)
+    root.handlers[:] = [logging.handlers.QueueHandler(log_queue)]
+    listener.start()
+    try:
+        return _run(args)
+    finally:
+        listener.stop()
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.parent_pid is not None:
+        _die_with_parent(args.parent_pid)
+    config = from_json(json.loads(args.config.read_text()))
+    speaker = Speaker(
+        config,
+        status_path=args.status,
+        control=sys.stdin.fileno() if args.control_stdin else None,
+    )
+    return speaker.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

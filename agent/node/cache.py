@@ -1,0 +1,105 @@
+"""The agent's view of the cluster: parsed Services, EndpointSlices by Service, and Nodes.
+
+Pure bookkeeping over agent/kube/store.py changes: each `on_*` call updates the indexes and
+returns the Service keys whose frontends must be recomputed, so a changed EndpointSlice
+costs one Service's work, not a full rebuild. The reflectors own their stores; this cache is
+built only from the changes they report, so it can live behind the agent's own lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agent.kube.store import Change, Store
+from agent.model.service import InvalidService, Node, Service, parse_node, parse_service
+from agent.node.endpoints import SERVICE_NAME_LABEL, Slice, parse_slice
+
+
+@dataclass(frozen=True, slots=True)
+class BadSlice:
+    """An EndpointSlice that could not be parsed; its Service is told why."""
+
+    service_key: str
+    reason: str
+
+
+def parse_slice_or_error(obj: Mapping[str, Any]) -> Slice | BadSlice:
+    """Return the parsed slice, or a BadSlice naming its Service and the problem."""
+    meta = obj.get("metadata") or {}
+    service = (meta.get("labels") or {}).get(SERVICE_NAME_LABEL, "")
+    try:
+        return parse_slice(obj)
+    except ValueError as exc:
+        return BadSlice(service_key=f"{meta.get('namespace', '')}/{service}", reason=str(exc))
+
+
+def slice_service_key(value: Slice | BadSlice) -> str:
+    """Return "namespace/service" for a parsed or bad slice."""
+    if isinstance(value, BadSlice):
+        return value.service_key
+    return f"{value.namespace}/{value.service_name}"
+
+
+def new_stores() -> tuple[Store[Service | InvalidService], Store[Slice | BadSlice], Store[Node]]:
+    """Return empty stores for Services, EndpointSlices and Nodes, with their parsers."""
+    return Store(parse_service), Store(parse_slice_or_error), Store(parse_node)
+
+
+class ClusterCache:
+    """Services and Nodes by key plus the slices-by-Service index, fed by store changes."""
+
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+        self.services: dict[str, Service | InvalidService] = {}
+        self.nodes: dict[str, Node] = {}
+        self._by_service: dict[str, dict[str, Slice | BadSlice]] = {}
+
+    def slices_of(self, service_key: str) -> list[Slice]:
+        """Return the parsed slices of a Service (bad ones are reported, never used)."""
+        return [s for s in self._by_service.get(service_key, {}).values() if isinstance(s, Slice)]
+
+    def bad_slices_of(self, service_key: str) -> list[BadSlice]:
+        """Return the slices of a Service that could not be parsed."""
+        return [
+            s for s in self._by_service.get(service_key, {}).values() if isinstance(s, BadSlice)
+        ]
+
+    def this_node(self) -> Node | None:
+        """Return this node's record, or None before it is known."""
+        return self.nodes.get(self.node_name)
+
+    def on_services(self, changes: list[Change[Service | InvalidService]]) -> set[str]:
+        """Record Service changes; return the Service keys to recompute."""
+        for c in changes:
+            if c.new is None:
+                self.services.pop(c.key, None)
+            else:
+                self.services[c.key] = c.new
+        return {c.key for c in changes}
+
+    def on_slices(self, changes: list[Change[Slice | BadSlice]]) -> set[str]:
+        """Index slice changes by Service; return the Service keys to recompute."""
+        dirty: set[str] = set()
+        for c in changes:
+            if c.old is not None:
+                old_service = slice_service_key(c.old)
+                self._by_service.get(old_service, {}).pop(c.key, None)
+                if not self._by_service.get(old_service, True):
+                    del self._by_service[old_service]
+                dirty.add(old_service)
+            if c.new is not None:
+                new_service = slice_service_key(c.new)
+                self._by_service.setdefault(new_service, {})[c.key] = c.new
+                dirty.add(new_service)
+        return dirty
+
+    def on_nodes(self, changes: list[Change[Node]]) -> bool:
+        """Record Node changes; return True when this node's changed (recompute everything)."""
+        for c in changes:
+            if c.new is None:
+                self.nodes.pop(c.key, None)
+            else:
+                self.nodes[c.key] = c.new
+        return any(c.key == self.node_name for c in changes)

@@ -1,0 +1,158 @@
+"""This node's DesiredState from the cluster's Services, EndpointSlices and Nodes (pure).
+
+`service_frontends` turns one Service (and its slices) into the frontends this node programs
+plus the problems worth an Event; agent/node/assembly.py joins every Service's result into one
+DesiredState, settling conflicts (two Services claiming one IP:port: the older keeps it).
+The agent recomputes only the Services that changed and reuses the other results, so a
+change to one Service costs one Service's work.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from agent.model.desired_state import Endpoint, Frontend, FrontendKey, IPAddress, IPNetwork
+from agent.model.service import InvalidService, Service
+from agent.node.endpoints import IPFamily, PortKey, ServiceEndpoint, Slice, merge_slices
+from agent.node.policy import check_external_ips, classify, is_ours
+from agent.node.selection import select
+
+
+class ProblemReason(enum.StrEnum):
+    """Why (part of) a Service is not served; the value is the Event reason."""
+
+    INVALID_SERVICE = "InvalidService"
+    EXTERNAL_IP_REFUSED = "ExternalIPRefused"
+    PORT_MISMATCH = "EndpointPortMismatch"
+    FRONTEND_CONFLICT = "FrontendConflict"
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Something wrong with a Service, for a Warning Event and a metric."""
+
+    reason: ProblemReason
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """What selection needs to know about this node."""
+
+    name: str
+    zone: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyView:
+    """The configuration the desired-state computation depends on."""
+
+    lb_class: str
+    handle_classless: bool
+    external_ip_cidrs: tuple[IPNetwork, ...]
+    pool_networks: tuple[IPNetwork, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceResult:
+    """One Service's contribution: its frontends, its LoadBalancer IPs and its problems.
+
+    `lb_ips` are the Service's LoadBalancer ingress IPs that nodelb serves (candidates to be
+    held by a node); externalIPs are routed to nodes by the operator and never held.
+    """
+
+    key: str
+    created: str
+    uid: str
+    frontends: tuple[Frontend, ...] = ()
+    lb_ips: tuple[IPAddress, ...] = ()
+    problems: tuple[Problem, ...] = ()
+
+
+def _family(ip: IPAddress) -> IPFamily:
+    return IPFamily.IPV4 if ip.version == 4 else IPFamily.IPV6
+
+
+def _targets(endpoints: Sequence[ServiceEndpoint]) -> tuple[Endpoint, ...]:
+    return tuple(sorted({ep.target for ep in endpoints}))
+
+
+def service_frontends(
+    svc: Service | InvalidService,
+    slices: Iterable[Slice],
+    *,
+    node: NodeView,
+    policy: PolicyView,
+    allocated_to: Mapping[IPAddress, str],
+) -> ServiceResult:
+    """Return the frontends this node programs for `svc`, and the problems to report.
+
+    LoadBalancer ingress IPs count only for Services of our class; externalIPs count for any
+    Service type when the allow-list admits them. Source ranges apply to LoadBalancer IPs only;
+    the renderer enforces those of the frontend's family and fails closed when a Service lists
+    ranges of the other family only (see docs/dataplane.md).
+    """
+    if isinstance(svc, InvalidService):
+        return ServiceResult(
+            key=svc.key,
+            created="",
+            uid=svc.uid,
+            problems=(Problem(ProblemReason.INVALID_SERVICE, svc.reason),),
+        )
+    problems: list[Problem] = []
+    lb_ips: tuple[IPAddress, ...] = ()
+    if is_ours(classify(svc, lb_class=policy.lb_class, handle_classless=policy.handle_classless)):
+        lb_ips = svc.ingress_ips
+    ext = check_external_ips(
+        svc,
+        allowed=policy.external_ip_cidrs,
+        pools=policy.pool_networks,
+        allocated_to=allocated_to,
+    )
+    problems.extend(Problem(ProblemReason.EXTERNAL_IP_REFUSED, r.message) for r in ext.refused)
+    targets = [(ip, True) for ip in lb_ips] + [(ip, False) for ip in ext.accepted]
+    if not targets:
+        return ServiceResult(svc.key, svc.created, svc.uid, problems=tuple(problems))
+
+    slice_list = list(slices)
+    merged = merge_slices(slice_list)
+    slice_port_names = {p.name for s in slice_list for p in s.ports}
+    frontends: list[Frontend] = []
+    for port in svc.ports:
+        if slice_list and slice_port_names and port.name not in slice_port_names:
+            problems.append(
+                Problem(
+                    ProblemReason.PORT_MISMATCH,
+                    f"no EndpointSlice port is named {port.name!r} (Service port {port.port}/"
+                    f"{port.protocol.value.upper()}); slices name {sorted(slice_port_names)}",
+                )
+            )
+        for ip, is_lb in targets:
+            endpoints = merged.get(PortKey(_family(ip), port.name, port.protocol), ())
+            sel = select(
+                endpoints, node_name=node.name, node_zone=node.zone, local_policy=svc.local_policy
+            )
+            cluster = _targets(sel.cluster)
+            external = _targets(sel.local) if sel.local is not None else cluster
+            ranges = svc.source_ranges if is_lb else ()
+            frontends.append(
+                Frontend(
+                    service=svc.key,
+                    key=FrontendKey(ip, port.protocol, port.port),
+                    endpoints=external,
+                    cluster_endpoints=cluster,
+                    local_only=svc.local_policy,
+                    source_ranges=ranges,
+                    affinity_timeout=svc.affinity_timeout,
+                )
+            )
+    return ServiceResult(
+        key=svc.key,
+        created=svc.created,
+        uid=svc.uid,
+        frontends=tuple(frontends),
+        lb_ips=lb_ips,
+        problems=tuple(problems),
+    )

@@ -1,0 +1,140 @@
+"""A client request loop in a lab namespace: what a user sees during a failover.
+
+`RequestLoop` runs a small stdlib-only Python process in the client namespace that opens a TCP
+connection to `ip:port` every `interval` seconds (each with `timeout`), reads the pod's one-line
+answer, and prints one JSON line per request: monotonic send time, ok or the failure. `stop()`
+ends it (SIGTERM, by PID) and returns the results; `outage()` is the longest stretch from the
+first failed request to the next answered one.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.model.desired_state import IPAddress
+from lab import netns
+
+_SNIPPET = r"""
+import json, signal, socket, sys, time
+ip, port, interval, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
+running = True
+def stop(*_):
+    global running
+    running = False
+signal.signal(signal.SIGTERM, stop)
+print(json.dumps({"ready": True}), flush=True)
+while running:
+    start = time.monotonic()
+    out = {"t": start}
+    try:
+        with socket.socket(fam, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect((ip, port))
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        out["ok"] = bool(data)
+        out["pod"] = data.decode(errors="replace").split()[0] if data else ""
+    except OSError as e:
+        out["ok"] = False
+        out["error"] = type(e).__name__
+    print(json.dumps(out), flush=True)
+    time.sleep(max(0.0, interval - (time.monotonic() - start)))
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request of the loop: when it was sent, whether it was answered, and by which pod."""
+
+    t: float
+    ok: bool
+    pod: str
+    error: str
+
+
+class RequestLoop:
+    """See the module docstring. `start()` waits until the loop runs; `stop()` collects."""
+
+    def __init__(
+        self,
+        ns: str,
+        ip: IPAddress,
+        port: int,
+        *,
+        interval: float = 0.02,
+        timeout: float = 0.2,
+        log: Path | None = None,
+    ) -> None:
+        self._argv = [sys.executable, "-c", _SNIPPET, str(ip), str(port), str(interval)]
+        self._argv.append(str(timeout))
+        self._ns = ns
+        self._log = log
+        self._proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        self._proc = subprocess.Popen(
+            ["ip", "netns", "exec", self._ns, *self._argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+        assert self._proc.stdout is not None
+        first = self._proc.stdout.readline()
+        if '"ready"' not in first:
+            self.stop()
+            raise RuntimeError("the request loop did not start")
+
+    def stop(self) -> list[Request]:
+        """Stop the loop (by PID) and return every request it made."""
+        proc = self._proc
+        if proc is None:
+            return []
+        self._proc = None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            netns.stop(proc, sig=signal.SIGKILL)  # type: ignore[arg-type]
+            out = ""
+        results = []
+        for line in out.splitlines():
+            raw = json.loads(line)
+            results.append(
+                Request(raw["t"], bool(raw["ok"]), raw.get("pod", ""), raw.get("error", ""))
+            )
+        if self._log is not None:
+            self._log.write_text(out)
+        return results
+
+
+def outage(requests: list[Request]) -> float:
+    """Return the longest time (s) from a failed request to the next answered one (0: none)."""
+    worst = 0.0
+    first_failure: float | None = None
+    for r in requests:
+        if not r.ok and first_failure is None:
+            first_failure = r.t
+        elif r.ok and first_failure is not None:
+            worst = max(worst, r.t - first_failure)
+            first_failure = None
+    if first_failure is not None and requests:
+        worst = max(worst, requests[-1].t - first_failure)
+    return worst
+
+
+def failed(requests: list[Request]) -> int:
+    """Return how many requests failed."""
+    return sum(1 for r in requests if not r.ok)

@@ -1,0 +1,278 @@
+"""Run nodelb VRRP speakers in lab node namespaces, and read what the lab's kernels show.
+
+Used by the speaker kernel tests and bench/failover.py. A speaker is a `SpeakerProcess`
+whose child is exec'd by `ip netns exec <node ns>`, so its PID is the child's own; the
+caller stops every one by PID (`stop_all`), and the lab's teardown stops anything left in its
+namespaces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.announce.vrrp.codec import Advert, ChecksumMode, encode
+from agent.announce.vrrp.config import GratuitousConfig, InstanceConfig, SpeakerConfig
+from agent.announce.vrrp.process import SpeakerProcess, Status
+from agent.announce.vrrp.sockets import GROUP4, GROUP6
+from agent.model.desired_state import IPAddress
+from lab import netns
+from lab.topology import Host, Lab, Node
+from lab.wait import GiveUp, wait_until
+
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+SO_TIMESTAMPNS = 35  # <asm/socket.h>; not exported by Python's socket module
+
+
+def link_local(host: Host) -> IPAddress:
+    """Return the IPv6 link-local address of `host`'s segment interface."""
+    out = netns.run(host.ns, ["ip", "-j", "-6", "addr", "show", "dev", host.ifname])
+    for link in json.loads(out.stdout):
+        for a in link["addr_info"]:
+            address = ipaddress.ip_address(a.get("local", "::"))
+            if address.is_link_local:
+                return address
+    raise LookupError(f"{host.name} has no link-local address")
+
+
+def speaker_config(
+    lab: Lab,
+    node: Node,
+    instances: Iterable[InstanceConfig],
+    *,
+    gratuitous: GratuitousConfig | None = None,
+    extra_peers: Iterable[IPAddress] = (),
+) -> SpeakerConfig:
+    """Return the config of a speaker on `node` that accepts adverts from every other node."""
+    peers: set[IPAddress] = set(extra_peers)
+    for other in lab.nodes:
+        if other.name != node.name:
+            peers.add(other.ip4)
+            peers.add(link_local(other))
+    return SpeakerConfig(
+        interface=node.ifname,
+        source4=node.ip4,
+        peers=frozenset(peers),
+        instances=tuple(instances),
+        gratuitous=gratuitous if gratuitous is not None else GratuitousConfig(),
+    )
+
+
+def start_speaker(
+    lab: Lab,
+    node: Node,
+    config: SpeakerConfig,
+    *,
+    name: str,
+    rt_priority: int = 0,
+    cpus: Iterable[int] = (),
+) -> SpeakerProcess:
+    """Start a speaker for `node` inside its namespace; wait until it reports running."""
+    workdir = lab.workdir / f"speaker-{name}"
+    (lab.workdir / "logs").mkdir(parents=True, exist_ok=True)
+    sp = SpeakerProcess(
+        config,
+        workdir=workdir,
+        argv_prefix=("ip", "netns", "exec", node.ns),
+        log=lab.workdir / "logs" / f"speaker-{name}.log",
+        rt_priority=rt_priority,
+        cpus=cpus,
+    )
+    sp.start()
+
+    def running() -> Status | None:
+        if not sp.alive():
+            raise GiveUp(f"speaker {name} exited: {speaker_log(lab, name)}")
+        status = sp.status()
+        return status if status is not None and status.state == "running" else None
+
+    wait_until(running, 30.0, f"speaker {name} running")
+    return sp
+
+
+def speaker_log(lab: Lab, name: str) -> str:
+    """Return what speaker `name` logged so far ('' if nothing)."""
+    path: Path = lab.workdir / "logs" / f"speaker-{name}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def stop_all(speakers: Iterable[SpeakerProcess]) -> None:
+    """Stop every speaker by its PID (graceful first, killed after a grace period)."""
+    for sp in speakers:
+        with contextlib.suppress(Exception):
+            sp.stop(graceful=False, timeout=5.0)
+
+
+def holds(host: Host, address: IPAddress) -> bool:
+    """Return True when `address` is configured on `host`'s segment interface."""
+    family = "-4" if address.version == 4 else "-6"
+    out = netns.run(host.ns, ["ip", "-j", family, "addr", "show", "dev", host.ifname]).stdout
+    return any(a["local"] == str(address) for link in json.loads(out) for a in link["addr_info"])
+
+
+def mac_of(host: Host) -> str:
+    """Return the MAC of `host`'s segment interface, as `ip` prints it."""
+    out = netns.run(host.ns, ["ip", "-j", "link", "show", "dev", host.ifname]).stdout
+    return str(json.loads(out)[0]["address"])
+
+
+def neighbour_mac(ns: str, address: IPAddress) -> str | None:
+    """Return the MAC in `ns`'s neighbour entry for `address`, None when it has none."""
+    out = netns.run(ns, ["ip", "-j", "neigh", "show", str(address)]).stdout
+    entries = [e for e in json.loads(out or "[]") if "lladdr" in e]
+    return str(entries[0]["lladdr"]) if entries else None
+
+
+# -- tools run inside a lab namespace: `python -m lab.vrrp_lab capture|send ...` --------
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One captured frame of interest: kernel receive time (ns), kind and a few fields.
+
+    `kind` is vrrp4 | vrrp6 | arp | na; `src` the IP (VRRP, NA) or sender IP (ARP) source;
+    `priority` the VRRP priority (-1 otherwise); `ttl` the TTL / hop limit (-1 for ARP);
+    `op` the ARP operation (-1 otherwise); `target` the ARP / NA target address ('' else).
+    """
+
+    t_ns: int
+    kind: str
+    src: str
+    priority: int
+    ttl: int
+    op: int
+    target: str
+
+
+def _classify(frame: bytes) -> dict[str, Any] | None:
+    ethertype = int.from_bytes(frame[12:14], "big")
+    body = frame[14:]
+    if ethertype == 0x0806 and len(body) >= 28:
+        return {
+            "kind": "arp",
+            "src": str(ipaddress.IPv4Address(body[14:18])),
+            "priority": -1,
+            "ttl": -1,
+            "op": int.from_bytes(body[6:8], "big"),
+            "target": str(ipaddress.IPv4Address(body[24:28])),
+        }
+    if ethertype == 0x0800 and len(body) >= 20 and body[9] == 112:
+        ihl = (body[0] & 0x0F) * 4
+        return {
+            "kind": "vrrp4",
+            "src": str(ipaddress.IPv4Address(body[12:16])),
+            "priority": body[ihl + 2],
+            "ttl": body[8],
+            "op": -1,
+            "target": "",
+        }
+    if ethertype == 0x86DD and len(body) >= 48:
+        src = str(ipaddress.IPv6Address(body[8:24]))
+        if body[6] == 112:
+            return {"kind": "vrrp6", "src": src, "priority": body[42], "ttl": body[7]}
+        if body[6] == 58 and body[40] == 136:
+            target = str(ipaddress.IPv6Address(body[48:64]))
+            return {"kind": "na", "src": src, "priority": -1, "ttl": body[7], "target": target}
+    return None
+
+
+def capture_main(ifname: str) -> None:
+    """Print one JSON line per VRRP / ARP / NA frame seen on `ifname` (runs until killed)."""
+    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+    sock.bind((ifname, 0x0003))
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    print(json.dumps({"ready": True}), flush=True)
+    while True:
+        data, anc, _, addr = sock.recvmsg(65535, socket.CMSG_SPACE(16))
+        if addr[2] == socket.PACKET_OUTGOING:
+            continue
+        fields = _classify(data)
+        if fields is None:
+            continue
+        t_ns = time.time_ns()
+        for level, kind, value in anc:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                sec, nsec = struct.unpack("@qq", value[:16])
+                t_ns = sec * 1_000_000_000 + nsec
+        print(json.dumps({"t_ns": t_ns, "op": -1, "target": "", **fields}), flush=True)
+
+
+def parse_capture(text: str) -> list[Frame]:
+    """Return the frames in a capture_main output (lines that are not frames are skipped)."""
+    frames = []
+    for line in text.splitlines():
+        try:
+            raw = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(raw, dict) and "t_ns" in raw:
+            frames.append(Frame(**raw))
+    return frames
+
+
+def start_capture(lab: Lab, host: Host, *, name: str) -> subprocess.Popen[bytes]:
+    """Start capture_main on `host` (tracked by the lab); return once it is listening."""
+    argv = [sys.executable, "-m", "lab.vrrp_lab", "capture", host.ifname]
+    env = {**os.environ, "PYTHONPATH": str(_REPO_ROOT)}
+    proc = lab.spawn(host.ns, argv, log_name=name, env=env)
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise GiveUp(f"capture exited {proc.returncode}: {lab.log_of(proc)}")
+        return '"ready"' in lab.log_of(proc)
+
+    wait_until(ready, 30.0, f"capture on {host.name}")
+    return proc
+
+
+def send_main(args: list[str]) -> None:
+    """Send crafted adverts: FAMILY SRC VRID PRIORITY TTL COUNT CHECKSUM_MODE ADDRESS."""
+    family, src_text, vrid, priority, ttl, count, mode, address = args
+    src = ipaddress.ip_address(src_text)
+    fam = int(family)
+    dst = GROUP4 if fam == 4 else GROUP6
+    advert = Advert(
+        vrid=int(vrid), priority=int(priority), max_adver_int=10,
+        addresses=(ipaddress.ip_address(address),),
+    )  # fmt: skip
+    message = encode(advert, src=src, dst=dst, checksum_mode=ChecksumMode(mode))
+    ifindex = socket.if_nametoindex("eth0")
+    if fam == 4:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, 112)
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, int(ttl))
+        sock.setsockopt(
+            socket.IPPROTO_IP,
+            socket.IP_MULTICAST_IF,
+            b"\x00" * 8 + struct.pack("@i", ifindex),
+        )
+        sock.bind((src_text, 0))
+        target: tuple[Any, ...] = (str(dst), 0)
+    else:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_RAW, 112)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, int(ttl))
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_IF, ifindex)
+        sock.bind((src_text, 0, 0, ifindex))
+        target = (str(dst), 0, 0, ifindex)
+    for _ in range(int(count)):
+        sock.sendto(message, target)
+        time.sleep(0.01)  # pacing only: the receiver's counters are what the test waits on
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "capture":
+        capture_main(sys.argv[2])
+    elif sys.argv[1] == "send":
+        send_main(sys.argv[2:])
+    else:
+        raise SystemExit(f"unknown tool {sys.argv[1]!r}")
