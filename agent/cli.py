@@ -19,7 +19,6 @@ from kubernetes import client
 
 from agent import logs, memory, status_command
 from agent.announce.announcer import Announcer
-from agent.announce.inputs import SOURCES_ANNOTATION
 from agent.config import AgentConfig, ConfigError, load_config
 from agent.controller.leader import ElectionTiming
 from agent.controller.loop import Controller, ControllerSettings
@@ -32,8 +31,12 @@ from agent.http_server import HealthServer
 from agent.kube.client import api_client
 from agent.kube.events import KubeEventSink, ListSink
 from agent.kube.manifests import ManifestError, load_files
-from agent.kube.node_report import NodeReporter
-from agent.kube.node_report_format import REPORT_LABEL, REPORT_LABEL_VALUE
+from agent.kube.node_report import (
+    REPORT_LABEL,
+    REPORT_LABEL_VALUE,
+    SOURCES_ANNOTATION,
+    NodeReporter,
+)
 from agent.node.healthcheck import HealthCheckServers
 from agent.node.loop import Agent, ListFns, list_fns
 from agent.node.status_document import desired_dict

@@ -16,9 +16,9 @@ from typing import Any
 import yaml
 
 from agent.announce.settings import AnnounceConfigError, AnnounceSettings, parse_announce
-from agent.model.desired_state import IPNetwork
+from agent.model.net import IPNetwork
 from agent.model.pools import PoolError, parse_block
-from agent.node.policy import DEFAULT_CLASS
+from agent.model.service_class import DEFAULT_CLASS
 
 DEFAULT_METRICS_ADDRESS = "0.0.0.0:9472"
 

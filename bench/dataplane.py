@@ -45,7 +45,8 @@ from typing import Any
 from agent.dataplane.applier import Dataplane, SyncMode
 from agent.dataplane.libnft import NetnsNftRunner, NftError, netns_inode, root_netns_inodes
 from agent.dataplane.netlink import ElementOp, ElementSender, NetlinkElementSender
-from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey, Protocol
+from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey
+from agent.model.net import Protocol
 from bench.measure import percentile, proc_mem_mb
 from lab import netns
 from rules.render import render

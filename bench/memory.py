@@ -68,7 +68,8 @@ from agent.dataplane.netlink import NetlinkElementSender
 from agent.dataplane.netlink_dump import NetlinkTableReader
 from agent.kube.events import ListSink
 from agent.memory import limit_malloc_arenas
-from agent.model.desired_state import DesiredState, FrontendKey, Protocol
+from agent.model.desired_state import DesiredState, FrontendKey
+from agent.model.net import Protocol
 from agent.node.loop import Agent, ListFns
 from bench.e2e_latency import (
     CHANGE_HOSTS,

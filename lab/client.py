@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.model.desired_state import IPAddress, Protocol
+from agent.model.net import IPAddress, Protocol
 from lab import netns
 
 

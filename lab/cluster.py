@@ -35,7 +35,7 @@ import yaml
 from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 from lab import binaries, netns, nsclient
 from lab.controlplane import ControlPlane, tail
 from lab.lifecycle import UpDown

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TextIO
 
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 from lab import session
 from lab.binaries import binary
 from lab.client import Reply, tcp_requests

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 from lab import netns
 from lab.topology import Lab, Node
 from lab.wait import wait_until

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 from lab import netns
 
 _SNIPPET = r"""

@@ -24,9 +24,10 @@ from typing import Any
 
 from agent.announce.vrrp.codec import Advert, ChecksumMode, encode
 from agent.announce.vrrp.config import GratuitousConfig, InstanceConfig, SpeakerConfig
-from agent.announce.vrrp.process import SpeakerProcess, Status
+from agent.announce.vrrp.control import Status
+from agent.announce.vrrp.process import SpeakerProcess
 from agent.announce.vrrp.sockets import GROUP4, GROUP6
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 from lab import netns
 from lab.topology import Host, Lab, Node
 from lab.wait import GiveUp, wait_until

@@ -13,14 +13,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from agent.model.desired_state import (
-    DesiredState,
-    Endpoint,
-    Frontend,
-    IPAddress,
-    IPNetwork,
-    Protocol,
-)
+from agent.model.desired_state import DesiredState, Endpoint, Frontend
+from agent.model.net import IPAddress, IPNetwork, Protocol
 from rules import layout as L
 from rules.transaction import Op
 

@@ -33,10 +33,11 @@ from agent.announce.metrics import SpeakerMetrics
 from agent.announce.ownership import Plan, plan
 from agent.announce.settings import AnnounceSettings
 from agent.announce.vrrp.config import SpeakerConfig
-from agent.announce.vrrp.process import SpeakerProcess, Status
+from agent.announce.vrrp.control import Status
+from agent.announce.vrrp.process import SpeakerProcess
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
-from agent.model.desired_state import IPAddress
-from agent.model.service import Node
+from agent.model.net import IPAddress
+from agent.model.node import Node
 
 log = logging.getLogger(__name__)
 

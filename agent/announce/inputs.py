@@ -23,11 +23,10 @@ from agent.announce.ownership import (
 )
 from agent.announce.settings import AnnounceSettings
 from agent.announce.vrrp.config import InstanceConfig, SpeakerConfig
-from agent.model.desired_state import IPAddress
-from agent.model.service import Node, Service
-from agent.node.endpoints import AddressType, Slice
-
-SOURCES_ANNOTATION = "nodelb.io/vrrp-sources"
+from agent.model.endpoint_slice import AddressType, Slice
+from agent.model.net import IPAddress
+from agent.model.node import Node
+from agent.model.service import Service
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,17 +101,6 @@ def peer_sources(
         if name != me:
             out.update(a for a in sources if a.version == 6 and a.is_link_local)
     return frozenset(out)
-
-
-def parse_sources(text: str) -> tuple[IPAddress, ...]:
-    """Return the addresses of a `nodelb.io/vrrp-sources` annotation (bad entries skipped)."""
-    out: list[IPAddress] = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        try:
-            out.append(ipaddress.ip_address(part))
-        except ValueError:
-            continue
-    return tuple(out)
 
 
 def speaker_config(

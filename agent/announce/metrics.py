@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-from agent.announce.vrrp.process import Status
+from agent.announce.vrrp.control import Status
 
 STATES = ("Initialize", "Backup", "Master")
 

@@ -67,8 +67,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from agent.model.desired_state import IPAddress
-from agent.node.endpoints import IPFamily
+from agent.model.net import IPAddress, IPFamily
 
 # One advert lists every address of its instance and must fit a 1500-byte frame unfragmented:
 # IPv4 is bounded by the 8-bit count (20 + 8 + 4 × 255 < 1500), IPv6 by the frame

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.controller.request import FamilyPolicy, Feature, IPFamily, PortKey, ServiceRequest
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 from agent.model.pools import AddressPool, PoolSet
 
 

@@ -48,7 +48,7 @@ from typing import Any
 
 from agent.controller.allocator import AllocationReason, AllocationResult
 from agent.controller.request import Feature, ServiceRequest
-from agent.model.desired_state import IPAddress, Protocol
+from agent.model.net import IPAddress, Protocol
 
 __all__ = [
     "Condition",

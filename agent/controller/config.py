@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from agent.config import AgentConfig, ConfigError, parse_config
-from agent.model.desired_state import IPAddress, IPNetwork
+from agent.model.net import IPAddress, IPNetwork
 from agent.model.pools import Forbidden, PoolError, PoolSet, parse_pools
 
 

@@ -20,7 +20,7 @@ PoolExhausted Warnings (agent.controller.exhaustion); whenever an address is rel
 waiting Service is retried at once, so it gets the freed address without waiting out its
 backoff.
 
-**Serving**: node report Leases (agent.kube.node_report_format) say which IPs are held with their
+**Serving**: node report Leases (agent.kube.node_report) say which IPs are held with their
 rules in place; a change, or a report expiring, re-evaluates the Services using those IPs.
 """
 
@@ -70,7 +70,7 @@ from agent.controller.service_status import (
     problem_event,
 )
 from agent.kube.events import Event, EventGate, EventSink
-from agent.kube.node_report_format import (
+from agent.kube.node_report import (
     REPORT_LABEL,
     REPORT_LABEL_VALUE,
     NodeReport,
@@ -80,7 +80,7 @@ from agent.kube.node_report_format import (
 )
 from agent.kube.reflector import ListFn, Reflector
 from agent.kube.store import Change, Store
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 from agent.model.pools import PoolSet
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.model.desired_state import IPAddress, Protocol
+from agent.model.net import IPAddress, Protocol
 from agent.model.service import InvalidService, Service, parse_service
-from agent.node.policy import classify, is_ours
+from agent.model.service_class import classify, is_ours
 
 POOL_ANNOTATION = "nodelb.io/ip-pool"
 IPS_ANNOTATION = "nodelb.io/load-balancer-ips"

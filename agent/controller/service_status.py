@@ -20,7 +20,7 @@ from agent.controller.allocator import AllocationReason, AllocationResult
 from agent.controller.conditions import ConditionType, merge_conditions, service_conditions
 from agent.controller.request import ServiceRequest, request_from_raw
 from agent.kube.events import Event, ObjectRef
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 from agent.model.service import InvalidService
 
 OUR_CONDITIONS = frozenset(c.value for c in ConditionType)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agent.backoff import Backoff
+from agent.dataplane import metrics
 from agent.dataplane.conntrack import ConntrackRunner, delete_stale_udp, removed_udp_endpoints
 from agent.dataplane.libnft import NftError, NftRunner, release_memory
 from agent.dataplane.netlink import (
@@ -50,7 +51,6 @@ from agent.dataplane.netlink import (
     split_full,
 )
 from agent.model.desired_state import DesiredState, FrontendKey
-from agent.node import metrics
 from rules import layout as L
 from rules.delta import delta
 from rules.plan import RenderError

@@ -17,7 +17,8 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from typing import Protocol as TypingProtocol
 
-from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey, Protocol
+from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey
+from agent.model.net import Protocol
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agent.node import metrics
+from agent.kube import metrics
 
 log = logging.getLogger(__name__)
 

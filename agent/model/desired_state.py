@@ -8,20 +8,9 @@ Addresses are `ipaddress` objects, never strings.
 
 from __future__ import annotations
 
-import enum
-import ipaddress
 from dataclasses import dataclass, field
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-class Protocol(enum.StrEnum):
-    """L4 protocols a Service port may use (values are nftables' names)."""
-
-    TCP = "tcp"
-    UDP = "udp"
-    SCTP = "sctp"
+from agent.model.net import IPAddress, IPNetwork, Protocol
 
 
 @dataclass(frozen=True, slots=True, order=True)

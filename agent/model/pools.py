@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.model.desired_state import IPAddress, IPNetwork
+from agent.model.net import IPAddress, IPNetwork
 
 
 class PoolError(ValueError):

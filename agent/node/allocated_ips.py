@@ -1,7 +1,8 @@
 """Which Service each of our LoadBalancer IPs is allocated to, kept one Service at a time.
 
 An externalIP inside a pool is programmed only for the Service the address is allocated to
-(agent/node/policy.py), so the agent needs "IP -> owning Service" for every Service of its class.
+(agent/node/external_ips.py), so the agent needs "IP -> owning Service" for every Service of
+its class.
 Rebuilding that map from all Services cost O(Services) per Service change (36 ms at 10k);
 `IPOwners.update` costs one Service's addresses and returns the Services whose externalIP
 verdict may have changed: those naming, as an externalIP, an address whose owner moved.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 
 Age = tuple[str, str, str]
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from agent.model.desired_state import DesiredState, Frontend, FrontendKey, IPAddress, IPNetwork
+from agent.model.desired_state import DesiredState, Frontend, FrontendKey
+from agent.model.net import IPAddress, IPNetwork
 from agent.node.service_frontends import Problem, ProblemReason, ServiceResult
 
 

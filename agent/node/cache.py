@@ -8,38 +8,10 @@ built only from the changes they report, so it can live behind the agent's own l
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
-
 from agent.kube.store import Change, Store
-from agent.model.service import InvalidService, Node, Service, parse_node, parse_service
-from agent.node.endpoints import SERVICE_NAME_LABEL, Slice, parse_slice
-
-
-@dataclass(frozen=True, slots=True)
-class BadSlice:
-    """An EndpointSlice that could not be parsed; its Service is told why."""
-
-    service_key: str
-    reason: str
-
-
-def parse_slice_or_error(obj: Mapping[str, Any]) -> Slice | BadSlice:
-    """Return the parsed slice, or a BadSlice naming its Service and the problem."""
-    meta = obj.get("metadata") or {}
-    service = (meta.get("labels") or {}).get(SERVICE_NAME_LABEL, "")
-    try:
-        return parse_slice(obj)
-    except ValueError as exc:
-        return BadSlice(service_key=f"{meta.get('namespace', '')}/{service}", reason=str(exc))
-
-
-def slice_service_key(value: Slice | BadSlice) -> str:
-    """Return "namespace/service" for a parsed or bad slice."""
-    if isinstance(value, BadSlice):
-        return value.service_key
-    return f"{value.namespace}/{value.service_name}"
+from agent.model.endpoint_slice import BadSlice, Slice, parse_slice_or_error, slice_service_key
+from agent.model.node import Node, parse_node
+from agent.model.service import InvalidService, Service, parse_service
 
 
 def new_stores() -> tuple[Store[Service | InvalidService], Store[Slice | BadSlice], Store[Node]]:

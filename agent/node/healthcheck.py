@@ -20,8 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import orjson
 
+from agent.model.endpoint_slice import Slice
 from agent.model.service import Service
-from agent.node.endpoints import Slice
 
 log = logging.getLogger(__name__)
 

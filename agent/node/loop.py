@@ -20,29 +20,25 @@ from typing import Any, Protocol, cast
 
 from kubernetes import client
 
-from agent.announce.inputs import (
-    SOURCES_ANNOTATION,
-    OwnershipInput,
-    ip_use,
-    local_nodes,
-    node_states,
-    parse_sources,
-)
+from agent.announce.inputs import OwnershipInput, ip_use, local_nodes, node_states
 from agent.announce.ownership import IPUse, ServiceUse
 from agent.config import AgentConfig
+from agent.kube import metrics as kube_metrics
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
-from agent.kube.node_report_format import report_node
+from agent.kube.node_report import report_sources
 from agent.kube.reflector import ListFn, Reflector
 from agent.kube.store import Change, Store
-from agent.model.desired_state import DesiredState, FrontendKey, IPAddress
-from agent.model.service import InvalidService, Node, Service
+from agent.model.desired_state import DesiredState, FrontendKey
+from agent.model.endpoint_slice import BadSlice, Slice
+from agent.model.net import IPAddress
+from agent.model.node import Node
+from agent.model.service import InvalidService, Service
+from agent.model.service_class import classify, is_ours
 from agent.node import metrics
 from agent.node.allocated_ips import IPOwners
 from agent.node.assembly import FrontendIndex
-from agent.node.cache import BadSlice, ClusterCache, new_stores
-from agent.node.endpoints import Slice
+from agent.node.cache import ClusterCache, new_stores
 from agent.node.healthcheck import HealthAnswer, answer_for, answers_by_port
-from agent.node.policy import classify, is_ours
 from agent.node.schedule import SyncSchedule
 from agent.node.service_frontends import (
     NodeView,
@@ -100,13 +96,6 @@ class AnnouncerLike(Protocol):
     def set_reported_sources(self, reported: Mapping[str, tuple[IPAddress, ...]]) -> None: ...
 
     def instances(self) -> list[dict[str, Any]]: ...
-
-
-def report_sources(obj: Mapping[str, Any]) -> tuple[str, tuple[IPAddress, ...]]:
-    """Return (node, VRRP advert sources) from a node report Lease."""
-    meta = obj.get("metadata") or {}
-    text = str((meta.get("annotations") or {}).get(SOURCES_ANNOTATION) or "")
-    return report_node(obj), parse_sources(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +257,7 @@ class Agent:
         services, slices, nodes = new_stores()
 
         def restarted(resource: str) -> Callable[[str], None]:
-            return lambda reason: metrics.WATCH_RESTARTS.labels(resource, reason).inc()
+            return lambda reason: kube_metrics.WATCH_RESTARTS.labels(resource, reason).inc()
 
         wiring: tuple[tuple[str, ListFn, Store[Any], Callable[[list[Any]], None]], ...] = (
             ("services", self._lists.services, services, self._on_services),

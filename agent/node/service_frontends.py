@@ -13,10 +13,13 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.model.desired_state import Endpoint, Frontend, FrontendKey, IPAddress, IPNetwork
+from agent.model.desired_state import Endpoint, Frontend, FrontendKey
+from agent.model.endpoint_slice import Slice
+from agent.model.net import IPAddress, IPFamily, IPNetwork
 from agent.model.service import InvalidService, Service
-from agent.node.endpoints import IPFamily, PortKey, ServiceEndpoint, Slice, merge_slices
-from agent.node.policy import check_external_ips, classify, is_ours
+from agent.model.service_class import classify, is_ours
+from agent.node.endpoints import PortKey, ServiceEndpoint, merge_slices
+from agent.node.external_ips import check_external_ips
 from agent.node.selection import select
 
 

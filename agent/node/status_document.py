@@ -1,13 +1,49 @@
-"""Plain-data views of the agent's state for `nodelb render --json` and `nodelb status`."""
+"""The agent's status document (`GET /status`, read by `nodelb status`): schema, parser, builder.
+
+The agent serves the document at `GET /status` on its metrics/health HTTP server
+(`metricsAddress`, default 0.0.0.0:9472). The schema (docs/status.md has the prose):
+
+```
+{"node": "node-1",                              # string, non-empty
+ "time": "2026-12-01T03:00:00Z",                # RFC 3339 with offset: when the agent answered
+ "lastSync": {
+   "time": "2026-12-01T02:59:58Z" | null,       # null exactly when result is "never"
+   "result": "ok" | "error" | "never",
+   "message": "",                               # the error for "error", else usually ""
+   "durationSeconds": 0.012,                    # number >= 0
+   "kind": "full" | "partial" | null},          # null exactly when result is "never"
+ "vrrp": [{"vrid": 7,                           # 1..255
+           "family": "IPv4" | "IPv6",
+           "state": "Master" | "Backup" | "Initialize",
+           "priority": 254,                     # 0..255
+           "addresses": ["198.19.0.10"],        # at least one, all of `family`
+           "master": "198.18.0.11" | null}],    # the current master's address, if known
+ "heldIPs": ["198.19.0.10"],                    # addresses bound on this node
+ "frontends": [{"ip": "198.19.0.10", "port": 80,          # port 1..65535
+                "protocol": "TCP" | "UDP" | "SCTP",
+                "service": "default/web",
+                "endpoints": 3, "localEndpoints": 1}]}    # counts >= 0
+```
+
+Keys not listed are ignored, so an older `nodelb status` reads a newer agent's document.
+Every listed key is required; a wrong type or value raises `StatusFormatError` naming the
+path (`vrrp[0].state: ...`). Everything here is pure.
+
+`desired_dict` is the JSON form of a DesiredState (`nodelb render --json`).
+"""
 
 from __future__ import annotations
 
-import datetime
+import enum
 import ipaddress
-from collections.abc import Mapping, Sequence
-from typing import Any
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey
+from agent.model.net import IPAddress, IPFamily, Protocol
 
 
 def _endpoints(eps: tuple[Endpoint, ...]) -> list[str]:
@@ -45,7 +81,7 @@ def desired_dict(desired: DesiredState) -> dict[str, Any]:
 def _rfc3339(epoch: float | None) -> str | None:
     if epoch is None:
         return None
-    stamp = datetime.datetime.fromtimestamp(epoch, datetime.UTC)
+    stamp = datetime.fromtimestamp(epoch, UTC)
     return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -102,3 +138,290 @@ def _frontend_order(key: FrontendKey) -> tuple[int, int, int, str]:
 def _ip_key(text: str) -> tuple[int, int]:
     ip = ipaddress.ip_address(text)
     return (ip.version, int(ip))
+
+
+STATUS_PATH = "/status"
+
+
+class StatusFormatError(ValueError):
+    """The status document does not follow the schema; the message names the path."""
+
+
+class SyncResult(enum.StrEnum):
+    """How the agent's last sync ended."""
+
+    OK = "ok"
+    ERROR = "error"
+    NEVER = "never"
+
+
+class SyncKind(enum.StrEnum):
+    """Whether the last sync rewrote the whole table or applied a delta."""
+
+    FULL = "full"
+    PARTIAL = "partial"
+
+
+class VrrpState(enum.StrEnum):
+    """A VRRP instance's state (RFC 5798 §6.4), spelled as in the document."""
+
+    MASTER = "Master"
+    BACKUP = "Backup"
+    INITIALIZE = "Initialize"
+
+
+@dataclass(frozen=True, slots=True)
+class LastSync:
+    """The agent's last sync; `time` and `kind` are None exactly when `result` is NEVER."""
+
+    time: datetime | None
+    result: SyncResult
+    message: str
+    duration_seconds: float
+    kind: SyncKind | None
+
+
+@dataclass(frozen=True, slots=True)
+class VrrpInstanceStatus:
+    """One VRRP instance on the node; `master` is None when no master is known."""
+
+    vrid: int
+    family: IPFamily
+    state: VrrpState
+    priority: int
+    addresses: tuple[IPAddress, ...]
+    master: IPAddress | None
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendStatus:
+    """One programmed frontend and how many endpoints serve it (all, and on this node)."""
+
+    ip: IPAddress
+    port: int
+    protocol: Protocol
+    service: str
+    endpoints: int
+    local_endpoints: int
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """An agent's status document, parsed. Lists keep the document's order."""
+
+    node: str
+    time: datetime
+    last_sync: LastSync
+    vrrp: tuple[VrrpInstanceStatus, ...]
+    held_ips: tuple[IPAddress, ...]
+    frontends: tuple[FrontendStatus, ...]
+
+
+T = TypeVar("T")
+
+
+E = TypeVar("E", bound=enum.StrEnum)
+
+
+def _get(obj: Mapping[str, Any], key: str, path: str) -> Any:
+    if key not in obj:
+        raise StatusFormatError(f"{path}{key}: missing")
+    return obj[key]
+
+
+def _mapping(value: Any, path: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise StatusFormatError(f"{path or 'document'}: expected an object, got {value!r:.80}")
+    return value
+
+
+def _list(value: Any, path: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise StatusFormatError(f"{path}: expected a list, got {value!r:.80}")
+    return value
+
+
+def _str(value: Any, path: str, *, empty: bool = True) -> str:
+    if not isinstance(value, str) or (not empty and not value):
+        want = "a string" if empty else "a non-empty string"
+        raise StatusFormatError(f"{path}: expected {want}, got {value!r:.80}")
+    return value
+
+
+def _int(value: Any, path: str, low: int, high: int | None = None) -> int:
+    # bool is an int in Python but never a count or a number on the wire.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise StatusFormatError(f"{path}: expected an integer, got {value!r:.80}")
+    if value < low or (high is not None and value > high):
+        bounds = f"{low}..{high}" if high is not None else f">= {low}"
+        raise StatusFormatError(f"{path}: {value} is not in {bounds}")
+    return value
+
+
+def _seconds(value: Any, path: str) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        raise StatusFormatError(f"{path}: expected a number of seconds >= 0, got {value!r:.80}")
+    return float(value)
+
+
+def _enum(cls: type[E], value: Any, path: str) -> E:
+    try:
+        return cls(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in cls)
+        raise StatusFormatError(f"{path}: {value!r:.80} is not one of {allowed}") from None
+
+
+def _time(value: Any, path: str) -> datetime:
+    text = _str(value, path)
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise StatusFormatError(f"{path}: {text!r:.80} is not an RFC 3339 time") from None
+    if parsed.tzinfo is None:
+        raise StatusFormatError(f"{path}: {text!r:.80} has no UTC offset (RFC 3339 needs one)")
+    return parsed
+
+
+def _ip(value: Any, path: str) -> IPAddress:
+    try:
+        return ipaddress.ip_address(_str(value, path))
+    except ValueError:
+        raise StatusFormatError(f"{path}: {value!r:.80} is not an IP address") from None
+
+
+def _items(value: Any, path: str, parse: Callable[[Any, str], T]) -> tuple[T, ...]:
+    return tuple(parse(item, f"{path}[{i}]") for i, item in enumerate(_list(value, path)))
+
+
+def _last_sync(value: Any, path: str) -> LastSync:
+    obj = _mapping(value, path)
+    p = f"{path}."
+    result = _enum(SyncResult, _get(obj, "result", p), f"{p}result")
+    raw_time, raw_kind = _get(obj, "time", p), _get(obj, "kind", p)
+    never = result is SyncResult.NEVER
+    if (raw_time is None) != never:
+        raise StatusFormatError(f"{p}time: must be null exactly when result is 'never'")
+    if (raw_kind is None) != never:
+        raise StatusFormatError(f"{p}kind: must be null exactly when result is 'never'")
+    return LastSync(
+        time=None if raw_time is None else _time(raw_time, f"{p}time"),
+        result=result,
+        message=_str(_get(obj, "message", p), f"{p}message"),
+        duration_seconds=_seconds(_get(obj, "durationSeconds", p), f"{p}durationSeconds"),
+        kind=None if raw_kind is None else _enum(SyncKind, raw_kind, f"{p}kind"),
+    )
+
+
+def _vrrp(value: Any, path: str) -> VrrpInstanceStatus:
+    obj = _mapping(value, path)
+    p = f"{path}."
+    family = _enum(IPFamily, _get(obj, "family", p), f"{p}family")
+    version = 4 if family is IPFamily.IPV4 else 6
+    addresses = _items(_get(obj, "addresses", p), f"{p}addresses", _ip)
+    if not addresses:
+        raise StatusFormatError(f"{p}addresses: an instance carries at least one address")
+    for i, a in enumerate(addresses):
+        if a.version != version:
+            raise StatusFormatError(f"{p}addresses[{i}]: {a} is not an {family} address")
+    raw_master = _get(obj, "master", p)
+    return VrrpInstanceStatus(
+        vrid=_int(_get(obj, "vrid", p), f"{p}vrid", 1, 255),
+        family=family,
+        state=_enum(VrrpState, _get(obj, "state", p), f"{p}state"),
+        priority=_int(_get(obj, "priority", p), f"{p}priority", 0, 255),
+        addresses=addresses,
+        master=None if raw_master is None else _ip(raw_master, f"{p}master"),
+    )
+
+
+def _protocol(value: Any, path: str) -> Protocol:
+    # The document spells protocols as the Kubernetes API does (TCP); nftables' names are
+    # lower case.
+    text = _str(value, path)
+    by_name = {p.value.upper(): p for p in Protocol}
+    if text not in by_name:
+        raise StatusFormatError(f"{path}: {text!r:.80} is not one of {', '.join(by_name)}")
+    return by_name[text]
+
+
+def _frontend(value: Any, path: str) -> FrontendStatus:
+    obj = _mapping(value, path)
+    p = f"{path}."
+    return FrontendStatus(
+        ip=_ip(_get(obj, "ip", p), f"{p}ip"),
+        port=_int(_get(obj, "port", p), f"{p}port", 1, 65535),
+        protocol=_protocol(_get(obj, "protocol", p), f"{p}protocol"),
+        service=_str(_get(obj, "service", p), f"{p}service", empty=False),
+        endpoints=_int(_get(obj, "endpoints", p), f"{p}endpoints", 0),
+        local_endpoints=_int(_get(obj, "localEndpoints", p), f"{p}localEndpoints", 0),
+    )
+
+
+def parse_status(document: Any) -> Status:
+    """Return the Status for a decoded status document; raise StatusFormatError if malformed."""
+    obj = _mapping(document, "")
+    return Status(
+        node=_str(_get(obj, "node", ""), "node", empty=False),
+        time=_time(_get(obj, "time", ""), "time"),
+        last_sync=_last_sync(_get(obj, "lastSync", ""), "lastSync"),
+        vrrp=_items(_get(obj, "vrrp", ""), "vrrp", _vrrp),
+        held_ips=_items(_get(obj, "heldIPs", ""), "heldIPs", _ip),
+        frontends=_items(_get(obj, "frontends", ""), "frontends", _frontend),
+    )
+
+
+def format_time(value: datetime) -> str:
+    """Return `value` as RFC 3339, with "Z" for UTC and only the sub-second digits it needs."""
+    if value.microsecond == 0:
+        spec = "seconds"
+    elif value.microsecond % 1000 == 0:
+        spec = "milliseconds"
+    else:
+        spec = "microseconds"
+    text = value.isoformat(timespec=spec)
+    return text[: -len("+00:00")] + "Z" if text.endswith("+00:00") else text
+
+
+def to_document(status: Status) -> dict[str, Any]:
+    """Return the status document for `status` (the schema above, keys in schema order)."""
+    ls = status.last_sync
+    return {
+        "node": status.node,
+        "time": format_time(status.time),
+        "lastSync": {
+            "time": None if ls.time is None else format_time(ls.time),
+            "result": ls.result.value,
+            "message": ls.message,
+            "durationSeconds": ls.duration_seconds,
+            "kind": None if ls.kind is None else ls.kind.value,
+        },
+        "vrrp": [
+            {
+                "vrid": v.vrid,
+                "family": v.family.value,
+                "state": v.state.value,
+                "priority": v.priority,
+                "addresses": [str(a) for a in v.addresses],
+                "master": None if v.master is None else str(v.master),
+            }
+            for v in status.vrrp
+        ],
+        "heldIPs": [str(ip) for ip in status.held_ips],
+        "frontends": [
+            {
+                "ip": str(f.ip),
+                "port": f.port,
+                "protocol": f.protocol.value.upper(),
+                "service": f.service,
+                "endpoints": f.endpoints,
+                "localEndpoints": f.local_endpoints,
+            }
+            for f in status.frontends
+        ],
+    }
+
+
+def to_json(status: Status) -> str:
+    """Return the status document as indented JSON (no trailing newline)."""
+    return json.dumps(to_document(status), indent=2)

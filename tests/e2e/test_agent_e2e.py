@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from agent.model.desired_state import IPAddress
-from agent.status_command import parse_status, render_table
+from agent.model.net import IPAddress
+from agent.node.status_document import parse_status
+from agent.status_command import render_table
 from lab import client
 from lab.client import Failure, Outcome, Reply
 from lab.cluster import ClusterLab, SvcPort, tcp_port

@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.announce.ownership import rank_nodes
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 from lab import client, netns, nsclient
 from lab.cluster import LAB_ANNOUNCE, ClusterLab, frontend_keys, tcp_port
 from lab.controllers import NAMESPACE, ControllerSet

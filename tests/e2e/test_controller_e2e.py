@@ -21,8 +21,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from agent.kube.node_report import NodeReporter
-from agent.kube.node_report_format import report_body
+from agent.kube.node_report import NodeReporter, report_body
 from lab import nsclient
 from lab.controllers import NAMESPACE, ControllerSet
 from lab.controlplane import ControlPlane

@@ -31,15 +31,8 @@ import pytest
 from agent.dataplane.applier import Dataplane, SyncMode, SyncOutcome, SyncResult
 from agent.dataplane.conntrack import ToolConntrackRunner
 from agent.dataplane.libnft import NetnsNftRunner
-from agent.model.desired_state import (
-    DesiredState,
-    Endpoint,
-    Frontend,
-    FrontendKey,
-    IPAddress,
-    IPNetwork,
-    Protocol,
-)
+from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey
+from agent.model.net import IPAddress, IPNetwork, Protocol
 from lab import netns
 from lab.client import Failure, Outcome, Probe, Reply, Result, run_probes
 from lab.topology import Host, Lab, LabSpec, Node, Pod, gateway_addresses

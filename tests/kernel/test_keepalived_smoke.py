@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 from lab import client
 from lab.client import Reply
 from lab.keepalived import KEEPALIVED, Keepalived, config_text, start_keepalived

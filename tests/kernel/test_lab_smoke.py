@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agent.model.desired_state import IPAddress, Protocol
+from agent.model.net import IPAddress, Protocol
 from lab import client, netns
 from lab.client import Failure, Outcome, Reply
 from lab.topology import LAB_SPACE4, LAB_SPACE6, Host, Lab, LabError, LabSpec

@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry
 from agent.announce.metrics import SpeakerMetrics
 from agent.announce.vrrp.codec import ChecksumMode, DecodeReason
 from agent.announce.vrrp.config import GratuitousConfig, InstanceConfig
-from agent.announce.vrrp.process import SpeakerProcess, Status
+from agent.announce.vrrp.control import Status
+from agent.announce.vrrp.process import SpeakerProcess
 from agent.announce.vrrp.speaker import DropReason
 from lab import netns
 from lab.topology import Lab, LabSpec

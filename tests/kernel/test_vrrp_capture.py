@@ -30,7 +30,7 @@ from agent.announce.vrrp.codec import (
     decode,
     encode,
 )
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 from lab import netns
 from lab.topology import Lab, LabSpec, Node
 from lab.wait import GiveUp, wait_until

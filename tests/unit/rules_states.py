@@ -7,15 +7,8 @@ from collections.abc import Iterable
 
 from hypothesis import strategies as st
 
-from agent.model.desired_state import (
-    DesiredState,
-    Endpoint,
-    Frontend,
-    FrontendKey,
-    IPAddress,
-    IPNetwork,
-    Protocol,
-)
+from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey
+from agent.model.net import IPAddress, IPNetwork, Protocol
 
 
 def ip(text: str) -> IPAddress:

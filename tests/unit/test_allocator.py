@@ -27,7 +27,7 @@ from agent.controller.request import (
     ServiceRequest,
     request_from_raw,
 )
-from agent.model.desired_state import IPAddress, Protocol
+from agent.model.net import IPAddress, Protocol
 from agent.model.pools import Forbidden, PoolSet, parse_pools
 from agent.model.service import InvalidService
 

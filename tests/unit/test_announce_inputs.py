@@ -6,11 +6,13 @@ import ipaddress
 
 import pytest
 
-from agent.announce.inputs import ip_uses, node_states, parse_sources, peer_sources, speaker_config
+from agent.announce.inputs import ip_uses, node_states, peer_sources, speaker_config
 from agent.announce.ownership import OwnershipConfig, plan, rank_nodes
 from agent.announce.settings import AnnounceConfigError, parse_announce
-from agent.model.service import Node, parse_service
-from agent.node.endpoints import AddressType, Slice, SliceEndpoint
+from agent.kube.node_report import parse_sources
+from agent.model.endpoint_slice import AddressType, Slice, SliceEndpoint
+from agent.model.node import Node
+from agent.model.service import parse_service
 
 IP = ipaddress.ip_address
 

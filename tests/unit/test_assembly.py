@@ -7,14 +7,8 @@ import ipaddress
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.model.desired_state import (
-    DesiredState,
-    Endpoint,
-    Frontend,
-    FrontendKey,
-    IPAddress,
-    Protocol,
-)
+from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey
+from agent.model.net import IPAddress, Protocol
 from agent.node.assembly import FrontendIndex, assemble
 from agent.node.service_frontends import Problem, ProblemReason, ServiceResult
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from agent.kube.store import EventType
-from agent.node.cache import BadSlice, ClusterCache, new_stores
+from agent.model.endpoint_slice import BadSlice
+from agent.node.cache import ClusterCache, new_stores
 
 
 def raw_slice(name: str, service: str, port: int = 8080, ns: str = "ns") -> dict[str, Any]:

@@ -23,7 +23,7 @@ from agent.controller.conditions import (
     service_conditions,
 )
 from agent.controller.request import FamilyPolicy, IPFamily, PortKey, ServiceRequest
-from agent.model.desired_state import IPAddress, Protocol
+from agent.model.net import IPAddress, Protocol
 
 R = AllocationReason
 V4 = ipaddress.ip_address("198.18.0.1")

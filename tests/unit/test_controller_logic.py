@@ -26,7 +26,7 @@ from agent.controller.service_status import (
     plan_status,
     problem_event,
 )
-from agent.kube.node_report_format import next_expiry, parse_report, report_body, serving_ips
+from agent.kube.node_report import next_expiry, parse_report, report_body, serving_ips
 from agent.model.pools import Forbidden, parse_pools
 
 WALL = datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.UTC)

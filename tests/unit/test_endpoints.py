@@ -13,18 +13,10 @@ from dataclasses import dataclass
 import orjson
 import pytest
 
-from agent.model.desired_state import Endpoint, Protocol
-from agent.node.endpoints import (
-    AddressType,
-    IPFamily,
-    PortKey,
-    ServicePortEndpoints,
-    Slice,
-    SliceEndpoint,
-    SlicePort,
-    merge_slices,
-    parse_slice,
-)
+from agent.model.desired_state import Endpoint
+from agent.model.endpoint_slice import AddressType, Slice, SliceEndpoint, SlicePort, parse_slice
+from agent.model.net import IPFamily, Protocol
+from agent.node.endpoints import PortKey, ServicePortEndpoints, merge_slices
 
 V4 = IPFamily.IPV4
 V6 = IPFamily.IPV6

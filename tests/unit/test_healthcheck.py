@@ -11,7 +11,7 @@ import urllib3
 
 from agent.config import AgentConfig, SyncTiming
 from agent.kube.events import ListSink
-from agent.node.endpoints import AddressType, Slice, SliceEndpoint
+from agent.model.endpoint_slice import AddressType, Slice, SliceEndpoint
 from agent.node.healthcheck import (
     HealthAnswer,
     HealthCheckServers,

@@ -24,7 +24,7 @@ from agent.cli import build_parser
 from agent.config import parse_config
 from agent.controller.config import ClusterAddresses, parse_controller_config
 from agent.http_server import parse_address
-from agent.model.desired_state import IPNetwork
+from agent.model.net import IPNetwork
 from agent.model.pools import Forbidden, parse_pools
 
 ROOT = Path(__file__).resolve().parents[2]

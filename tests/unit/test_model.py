@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 
-from agent.model.desired_state import FrontendKey, Protocol
+from agent.model.desired_state import FrontendKey
+from agent.model.net import Protocol
 
 
 def test_equal_keys_hash_alike_and_differ_when_any_field_differs() -> None:

@@ -16,8 +16,10 @@ from agent.announce.inputs import OwnershipInput, ip_uses
 from agent.config import AgentConfig, Pool, SyncTiming
 from agent.kube.events import ListSink
 from agent.kube.store import EventType
-from agent.model.desired_state import DesiredState, FrontendKey, IPAddress, Protocol
-from agent.model.service import Node, Service
+from agent.model.desired_state import DesiredState, FrontendKey
+from agent.model.net import IPAddress, Protocol
+from agent.model.node import Node
+from agent.model.service import Service
 from agent.node import loop as runtime
 from agent.node.cache import new_stores
 from agent.node.loop import Agent, ListFns

@@ -24,6 +24,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 
 import agent.controller.metrics  # registers the controller's metrics
+import agent.dataplane.metrics
+import agent.kube.metrics
 import agent.node.metrics  # noqa: F401  (registers the agent's metrics)
 from agent.announce.metrics import SpeakerMetrics
 from lab import binaries

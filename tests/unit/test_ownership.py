@@ -43,8 +43,7 @@ from agent.announce.ownership import (
     rank_nodes,
     startup_delay_cs,
 )
-from agent.model.desired_state import IPAddress
-from agent.node.endpoints import IPFamily
+from agent.model.net import IPAddress, IPFamily
 
 R = Reason
 V4 = ipaddress.IPv4Address("198.19.0.10")

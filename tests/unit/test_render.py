@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from agent.dataplane.fake import FakeError, FakeTable, applied
-from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey, Protocol
+from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey
+from agent.model.net import Protocol
 from rules import layout as L
 from rules.render import RenderError, objects_after, render, render_cleanup
 from rules.transaction import Op, Transaction

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from agent.node.endpoints import SliceEndpoint
+from agent.model.endpoint_slice import SliceEndpoint
 from agent.node.selection import (
     HintStatus,
     SelectionReason,

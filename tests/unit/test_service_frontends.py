@@ -5,10 +5,11 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from agent.model.desired_state import Endpoint, Protocol
+from agent.model.desired_state import Endpoint
+from agent.model.endpoint_slice import parse_slice
+from agent.model.net import Protocol
 from agent.model.service import Service, parse_service
 from agent.node.assembly import assemble
-from agent.node.endpoints import parse_slice
 from agent.node.service_frontends import (
     NodeView,
     PolicyView,

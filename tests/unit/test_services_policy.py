@@ -8,14 +8,10 @@ from typing import Any
 
 import pytest
 
-from agent.model.service import InvalidService, Service, parse_node, parse_service
-from agent.node.policy import (
-    ClassVerdict,
-    ExternalIPReason,
-    check_external_ips,
-    classify,
-    is_ours,
-)
+from agent.model.node import parse_node
+from agent.model.service import InvalidService, Service, parse_service
+from agent.model.service_class import ClassVerdict, classify, is_ours
+from agent.node.external_ips import ExternalIPReason, check_external_ips
 
 
 def raw_service(**spec: Any) -> dict[str, Any]:

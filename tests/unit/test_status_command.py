@@ -22,25 +22,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.config import DEFAULT_METRICS_ADDRESS
-from agent.model.desired_state import IPAddress, Protocol
-from agent.node.endpoints import IPFamily
-from agent.status_command import (
+from agent.model.net import IPAddress, IPFamily, Protocol
+from agent.node.status_document import (
     FrontendStatus,
     LastSync,
     Status,
-    StatusFetchError,
     StatusFormatError,
     SyncKind,
     SyncResult,
     VrrpInstanceStatus,
     VrrpState,
+    parse_status,
+    to_json,
+)
+from agent.status_command import (
+    StatusFetchError,
     default_url,
     fetch,
     main,
-    parse_status,
     render_table,
     status_url,
-    to_json,
 )
 
 # Lists deliberately out of order: the table sorts, the JSON keeps the agent's order.

@@ -30,7 +30,7 @@ from agent.announce.vrrp.codec import (
     encode,
     internet_checksum,
 )
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 
 GROUP4 = IPv4Address("224.0.0.18")
 GROUP6 = IPv6Address("ff02::12")

@@ -24,7 +24,7 @@ from typing import Any
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 
 NODELB_PROTO = 110
 IFA_F_NODAD = 0x02

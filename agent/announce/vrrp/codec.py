@@ -32,7 +32,7 @@ import ipaddress
 import struct
 from dataclasses import dataclass
 
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 
 VRRP_VERSION = 3
 ADVERTISEMENT = 1  # the only VRRPv3 packet type (§5.2.2)

@@ -13,7 +13,7 @@ from typing import Any
 
 from agent.announce.vrrp.codec import DEFAULT_CHECKSUM_MODE, ChecksumMode
 from agent.announce.vrrp.machine import DEFAULT_ADVER_INT_CS, DEFAULT_PRIORITY
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 
 OWNER_PRIORITY = 255  # the IP address owner (§5.2.4)
 DEFAULT_PRIORITY = 100

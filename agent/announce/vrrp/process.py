@@ -20,7 +20,6 @@ cannot delay adverts), with:
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
 import signal
@@ -28,140 +27,13 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from agent.announce.vrrp.config import SpeakerConfig, to_json
-from agent.model.desired_state import IPAddress
+from agent.announce.vrrp.control import Status, read_status
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceStatus:
-    """One instance as the speaker last reported it; `master` None when none is known."""
-
-    vrid: int
-    family: int
-    state: str  # Initialize | Backup | Master
-    priority: int
-    addresses: tuple[IPAddress, ...]
-    master: IPAddress | None
-    adverts_sent: int
-    adverts_received: int
-    takeovers: int
-    transitions: tuple[tuple[str, int], ...]  # (to state, count), sorted
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    """A state change the speaker made (for Events): `seq` grows by one per change."""
-
-    seq: int
-    time_us: int
-    vrid: int
-    family: int
-    from_state: str
-    to_state: str
-    event: str
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """A speaker's snapshot. `state` is starting | running | stopped; counters are totals.
-
-    `dropped` and `gratuitous` are ((family, reason or kind), count) pairs, sorted; `held`
-    the marked addresses on the interface; `transitions` the most recent state changes (up
-    to 64), oldest first; `timer_late_max_us` the most a timer fired after its deadline and
-    `timers_late` how many fired more than 10 ms late (the loop could not run in time).
-    """
-
-    pid: int
-    seq: int
-    time_us: int
-    state: str
-    interface: str
-    instances: tuple[InstanceStatus, ...]
-    dropped: tuple[tuple[tuple[int, str], int], ...]
-    gratuitous: tuple[tuple[tuple[int, str], int], ...]
-    held: tuple[IPAddress, ...]
-    send_errors: int
-    timer_late_max_us: int
-    timers_late: int
-    transitions: tuple[Transition, ...]
-    errors: tuple[str, ...]
-
-    def instance(self, family: int, vrid: int) -> InstanceStatus | None:
-        """Return the instance (family, vrid), None when the speaker does not run it."""
-        for i in self.instances:
-            if (i.family, i.vrid) == (family, vrid):
-                return i
-        return None
-
-    def dropped_count(self, family: int, reason: str) -> int:
-        """Return how many packets of `family` were dropped for `reason` (0 if none)."""
-        return dict(self.dropped).get((family, reason), 0)
-
-
-def parse_status(raw: dict[str, Any]) -> Status:
-    """Return the Status in a speaker's JSON snapshot; raises KeyError/ValueError if malformed."""
-
-    def pairs(table: dict[str, dict[str, int]]) -> tuple[tuple[tuple[int, str], int], ...]:
-        return tuple(
-            sorted(((int(f), str(k)), int(n)) for f, c in table.items() for k, n in c.items())
-        )
-
-    return Status(
-        pid=int(raw["pid"]),
-        seq=int(raw["seq"]),
-        time_us=int(raw["time_us"]),
-        state=str(raw["state"]),
-        interface=str(raw["interface"]),
-        instances=tuple(
-            InstanceStatus(
-                vrid=int(i["vrid"]),
-                family=int(i["family"]),
-                state=str(i["state"]),
-                priority=int(i["priority"]),
-                addresses=tuple(ipaddress.ip_address(a) for a in i["addresses"]),
-                master=None if i["master"] is None else ipaddress.ip_address(i["master"]),
-                adverts_sent=int(i["adverts_sent"]),
-                adverts_received=int(i["adverts_received"]),
-                takeovers=int(i["takeovers"]),
-                transitions=tuple(sorted((str(k), int(v)) for k, v in i["transitions"].items())),
-            )
-            for i in raw["instances"]
-        ),
-        dropped=pairs(raw["dropped"]),
-        gratuitous=pairs(raw["gratuitous"]),
-        held=tuple(ipaddress.ip_address(a) for f in ("4", "6") for a in raw["held"].get(f, ())),
-        send_errors=int(raw["send_errors"]),
-        timer_late_max_us=int(raw["timer_late_max_us"]),
-        timers_late=int(raw["timers_late"]),
-        transitions=tuple(
-            Transition(
-                seq=int(e["seq"]),
-                time_us=int(e["time_us"]),
-                vrid=int(e["vrid"]),
-                family=int(e["family"]),
-                from_state=str(e["from"]),
-                to_state=str(e["to"]),
-                event=str(e["event"]),
-            )
-            for e in raw["events"]
-        ),
-        errors=tuple(str(e) for e in raw["errors"]),
-    )
-
-
-def read_status(path: Path) -> Status | None:
-    """Return the snapshot in `path`, None when the speaker has not written one yet."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    return parse_status(json.loads(text))
 
 
 class SpeakerProcess:

@@ -17,7 +17,7 @@ import struct
 from dataclasses import dataclass
 
 from agent.announce.vrrp.codec import IPPROTO_VRRP
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 
 GROUP4 = ipaddress.IPv4Address("224.0.0.18")
 GROUP6 = ipaddress.IPv6Address("ff02::12")

@@ -59,7 +59,7 @@ from agent.announce.vrrp.codec import Advert, VrrpDecodeError, decode, encode
 from agent.announce.vrrp.config import InstanceConfig, SpeakerConfig, from_json
 from agent.announce.vrrp.gratuitous import ArpSender, Kind, NaSender, arp_frame, unsolicited_na
 from agent.announce.vrrp.sockets import GROUP4, GROUP6, VRRP_TTL, Received, VrrpSocket
-from agent.model.desired_state import IPAddress
+from agent.model.net import IPAddress
 
 log = logging.getLogger("nodelb.speaker")
 
@@ -632,7 +632,7 @@ class Speaker:
     # -- status -------------------------------------------------------------------------------
 
     def status(self, now: int) -> dict[str, Any]:
-        """Return the JSON status snapshot (process.Status reads it)."""
+        """Return the JSON status snapshot (control.Status reads it)."""
         return {
             "pid": os.getpid(),
             "seq": self._status_seq,

@@ -1,9 +1,7 @@
-"""Which Services and addresses are nodelb's to serve (pure).
+"""May this Service's externalIPs be programmed (pure), answered with a reason per address.
 
-Two questions, each answered with a reason rather than a bool: is this LoadBalancer Service of
-our class, and may this Service's externalIPs be programmed (the allow-list, and the
-CVE-2020-8554 mitigation: an address inside a LoadBalancer pool is only usable by the Service
-it is allocated to).
+The allow-list (`externalIPCIDRs`), and the CVE-2020-8554 mitigation: an address inside a
+LoadBalancer pool is only usable by the Service it is allocated to.
 """
 
 from __future__ import annotations
@@ -12,36 +10,8 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.model.desired_state import IPAddress, IPNetwork
+from agent.model.net import IPAddress, IPNetwork
 from agent.model.service import Service
-
-DEFAULT_CLASS = "nodelb.io/lb"
-
-
-class ClassVerdict(enum.StrEnum):
-    """Why a Service is or is not handled as a LoadBalancer."""
-
-    OURS = "Ours"
-    OURS_BY_DEFAULT = "OursByDefault"  # no loadBalancerClass, and we handle class-less ones
-    NOT_LOAD_BALANCER = "NotLoadBalancer"
-    OTHER_CLASS = "OtherClass"
-    CLASSLESS_NOT_HANDLED = "ClasslessNotHandled"
-
-
-def classify(svc: Service, *, lb_class: str, handle_classless: bool) -> ClassVerdict:
-    """Return whether `svc` is a LoadBalancer Service nodelb handles, and why (not)."""
-    if svc.type != "LoadBalancer":
-        return ClassVerdict.NOT_LOAD_BALANCER
-    if svc.lb_class is None:
-        return (
-            ClassVerdict.OURS_BY_DEFAULT if handle_classless else ClassVerdict.CLASSLESS_NOT_HANDLED
-        )
-    return ClassVerdict.OURS if svc.lb_class == lb_class else ClassVerdict.OTHER_CLASS
-
-
-def is_ours(verdict: ClassVerdict) -> bool:
-    """Return True for the verdicts under which nodelb serves the Service's LoadBalancer IPs."""
-    return verdict in (ClassVerdict.OURS, ClassVerdict.OURS_BY_DEFAULT)
 
 
 class ExternalIPReason(enum.StrEnum):

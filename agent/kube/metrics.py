@@ -1,0 +1,17 @@
+"""Prometheus metrics of the API plumbing every role shares: watches and Events."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+EVENTS_DROPPED = Counter(
+    "nodelb_events_dropped_total",
+    "Kubernetes Events not posted: the 1000-deep send queue was full, or the API refused.",
+)
+
+
+WATCH_RESTARTS = Counter(
+    "nodelb_watch_restarts_total",
+    "List/watch restarts, by resource and reason (gone: relist after 410; error: reconnect).",
+    ["resource", "reason"],
+)
