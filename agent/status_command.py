@@ -19,7 +19,7 @@ from agent.config import DEFAULT_METRICS_ADDRESS
 from agent.model.net import IPAddress
 from agent.node.status_document import (
     STATUS_PATH,
-    Status,
+    StatusDocument,
     StatusFormatError,
     format_time,
     parse_status,
@@ -71,7 +71,7 @@ def _seconds_text(seconds: float) -> str:
     return f"{seconds:.3f}s" if seconds < 10 else f"{seconds:.1f}s"
 
 
-def render_table(status: Status) -> str:
+def render_table(status: StatusDocument) -> str:
     """Return the status as readable text: node and last sync, VRRP instances, held IPs and
     frontends, each section aligned; VRRP by (family, VRID), IPs by address, frontends by
     (ip, port, protocol). Empty sections say "(none)". No trailing newline."""

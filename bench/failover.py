@@ -48,7 +48,7 @@ from agent.announce.vrrp.process import SpeakerProcess
 from bench.measure import percentile
 from lab import netns
 from lab.keepalived import KEEPALIVED, Keepalived, config_text, start_keepalived
-from lab.topology import Lab, LabSpec, Node
+from lab.topology import Lab, LabNode, LabSpec
 from lab.vrrp_lab import holds, speaker_config, start_speaker
 from lab.wait import GiveUp, wait_until
 
@@ -84,7 +84,7 @@ while True:
 class Daemon:
     """One VRRP implementation on one node: start, crash, graceful stop."""
 
-    def __init__(self, lab: Lab, node: Node, priority: int, impl: str, run: int) -> None:
+    def __init__(self, lab: Lab, node: LabNode, priority: int, impl: str, run: int) -> None:
         self.lab, self.node, self.priority, self.impl, self.run = lab, node, priority, impl, run
         self.speaker: SpeakerProcess | None = None
         self.proc: subprocess.Popen[bytes] | None = None

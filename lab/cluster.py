@@ -1,4 +1,4 @@
-"""A lab cluster: the netns lab plus a real control plane, Node objects, pod servers, real
+"""A lab cluster: the netns lab plus a real control plane, LabNode objects, pod servers, real
 kube-proxy (nftables mode) and `nodelb agent` in every node namespace.
 
 Used by the e2e tests and by `nodelb lab up`. `ClusterLab(spec, workdir)` does no work;
@@ -46,8 +46,8 @@ from lab.topology import (
     LB_RANGE6,
     Lab,
     LabError,
+    LabNode,
     LabSpec,
-    Node,
 )
 from lab.wait import GiveUp, wait_until
 
@@ -208,7 +208,7 @@ class ClusterLab(UpDown):
     # -- accessors ---------------------------------------------------------------------------
 
     @property
-    def nodes(self) -> list[Node]:
+    def nodes(self) -> list[LabNode]:
         """Return the lab's nodes."""
         return self.lab.nodes
 
@@ -351,13 +351,13 @@ class ClusterLab(UpDown):
     # -- Nodes -------------------------------------------------------------------------------
 
     def register_nodes(self) -> None:
-        """Create a Node per lab node (labels, podCIDRs) and write its status (addresses,
+        """Create a LabNode per lab node (labels, podCIDRs) and write its status (addresses,
         Ready=True) through the status subresource, as the kubelet would."""
         core = self.core
         for node in self.nodes:
             body: Any = {
                 "apiVersion": "v1",
-                "kind": "Node",
+                "kind": "LabNode",
                 "metadata": {
                     "name": node.name,
                     "labels": {ZONE_LABEL: node.zone, HOSTNAME_LABEL: node.name},
@@ -405,7 +405,7 @@ class ClusterLab(UpDown):
             if exc.status != 409:
                 raise
 
-    def kube_proxy_argv(self, node: Node) -> list[str]:
+    def kube_proxy_argv(self, node: LabNode) -> list[str]:
         """Return kube-proxy's command line for `node` (nftables mode, no global sysctls)."""
         return [
             str(binaries.binary("kube-proxy")),
@@ -433,7 +433,7 @@ class ClusterLab(UpDown):
         for node in self.nodes:
             proc = self._kube_proxies[node.name]
 
-            def programmed(node: Node = node, proc: subprocess.Popen[bytes] = proc) -> bool:
+            def programmed(node: LabNode = node, proc: subprocess.Popen[bytes] = proc) -> bool:
                 if proc.poll() is not None:
                     raise GiveUp(f"kube-proxy in {node.name} exited {proc.returncode}")
                 return all(
@@ -461,7 +461,7 @@ class ClusterLab(UpDown):
     def _write_agent_config(self) -> None:
         self.agent_config_path.write_text(yaml.safe_dump(self.agent_config, sort_keys=False))
 
-    def agent_argv(self, node: Node) -> list[str]:
+    def agent_argv(self, node: LabNode) -> list[str]:
         """Return the `nodelb agent` command line for `node`."""
         return [
             sys.executable,
@@ -475,7 +475,7 @@ class ClusterLab(UpDown):
             "--log-format=text",
         ]
 
-    def _spawn_agent(self, node: Node) -> subprocess.Popen[bytes]:
+    def _spawn_agent(self, node: LabNode) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p
@@ -484,7 +484,7 @@ class ClusterLab(UpDown):
             node.ns, self.agent_argv(node), log_name=f"agent-{node.name}", env=env
         )
 
-    def agent_url(self, node: Node, path: str = "/readyz") -> str:
+    def agent_url(self, node: LabNode, path: str = "/readyz") -> str:
         """Return the URL of an agent's health/metrics endpoint (dialled inside `node.ns`)."""
         return f"http://{node.ip4}:{AGENT_METRICS_PORT}{path}"
 
@@ -497,7 +497,7 @@ class ClusterLab(UpDown):
             )
             return resp.status, resp.data.decode(errors="replace")
 
-    def _wait_agent_ready(self, node: Node) -> None:
+    def _wait_agent_ready(self, node: LabNode) -> None:
         proc = self._agents[node.name]
 
         def ready() -> bool:

@@ -25,7 +25,7 @@ from lab.client import Reply, tcp_requests
 from lab.cluster import LAB_ANNOUNCE, ClusterLab, Hints, tcp_port
 from lab.controllers import ControllerSet
 from lab.requestloop import RequestLoop, failed, outage
-from lab.topology import Node
+from lab.topology import LabNode
 from lab.vrrp_lab import holds, mac_of, neighbour_mac
 from lab.wait import wait_until
 
@@ -50,16 +50,16 @@ REQUESTS = 12
 POOL = "198.18.0.200-198.18.0.230"
 
 
-def _holder(cluster: ClusterLab, ip: IPAddress, *, not_: str | None = None) -> Node:
+def _holder(cluster: ClusterLab, ip: IPAddress, *, not_: str | None = None) -> LabNode:
     """Wait until exactly one node (other than `not_`) holds `ip` and the client knows it."""
 
-    def settled() -> Node | None:
+    def settled() -> LabNode | None:
         found = [n for n in cluster.nodes if holds(n, ip)]
         if len(found) != 1 or found[0].name == not_:
             return None
         return found[0] if neighbour_mac(cluster.client_ns, ip) == mac_of(found[0]) else None
 
-    def probe_and_check() -> Node | None:
+    def probe_and_check() -> LabNode | None:
         tcp_requests(cluster.client_ns, ip, 80, 1, timeout=0.5)  # makes the client resolve
         return settled()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from agent.model.net import IPAddress
 from lab import netns
-from lab.topology import Lab, Node
+from lab.topology import Lab, LabNode
 from lab.wait import wait_until
 
 KEEPALIVED = "/usr/sbin/keepalived"
@@ -76,7 +76,7 @@ def config_text(
 class Keepalived:
     """One keepalived run: its node, parent process and the VRRP child's pid file."""
 
-    node: Node
+    node: LabNode
     proc: subprocess.Popen[bytes]  # the parent, tracked by the lab
     vrrp_pidfile: Path
 
@@ -87,7 +87,7 @@ class Keepalived:
 
 def start_keepalived(
     lab: Lab,
-    node: Node,
+    node: LabNode,
     *,
     config: str,
     workdir: Path,

@@ -91,7 +91,7 @@ class Host:
 
 
 @dataclass(frozen=True, slots=True)
-class Node(Host):
+class LabNode(Host):
     """A Kubernetes node: on the segment, routing for its own pod CIDRs (bridge cbr0)."""
 
     zone: str
@@ -174,14 +174,14 @@ class Lab(UpDown):
         self.workdir = workdir
         self.prefix = spec.prefix if spec.prefix is not None else f"nlb{secrets.token_hex(3)}"
         self.switch_ns = f"{self.prefix}-switch"
-        self.nodes: list[Node] = []
+        self.nodes: list[LabNode] = []
         self.pods: list[Pod] = []
         for k in range(1, spec.nodes + 1):
             ip4, ip6 = node_addresses(k)
             cidr4, cidr6 = pod_cidrs(k)
             name = f"node-{k}"
             self.nodes.append(
-                Node(
+                LabNode(
                     name=name,
                     ns=f"{self.prefix}-{name}",
                     ip4=ip4,
@@ -220,7 +220,7 @@ class Lab(UpDown):
 
     # -- lookup ---------------------------------------------------------------------------
 
-    def node(self, name: str) -> Node:
+    def node(self, name: str) -> LabNode:
         """Return the node called `name`; raises KeyError for an unknown name."""
         for node in self.nodes:
             if node.name == name:
@@ -465,7 +465,7 @@ class Lab(UpDown):
         self._ip(sw, f"link add name {SWITCH_BRIDGE} type bridge {_BRIDGE_OPTS}")
         self._ip(sw, f"link set {SWITCH_BRIDGE} up")
         for h in self.segment_hosts():
-            self._create_ns(h.ns, router=isinstance(h, Node))
+            self._create_ns(h.ns, router=isinstance(h, LabNode))
             port = f"sw-{h.name}"[:15]
             self._ip(sw, f"link add name {port} type veth peer name {h.ifname} netns {h.ns}")
             self._ip(sw, f"link set {port} master {SWITCH_BRIDGE}")
@@ -485,7 +485,7 @@ class Lab(UpDown):
                     self._ip(h.ns, f"-4 route add {peer.pod_cidr4} via {peer.ip4}")
                     self._ip(h.ns, f"-6 route add {peer.pod_cidr6} via {peer.ip6}")
 
-    def _build_node(self, k: int, node: Node) -> None:
+    def _build_node(self, k: int, node: LabNode) -> None:
         gw4, gw6 = gateway_addresses(k)
         self._ip(node.ns, f"link add name {NODE_POD_BRIDGE} type bridge {_BRIDGE_OPTS}")
         self._ip(node.ns, f"link set {NODE_POD_BRIDGE} up")

@@ -24,12 +24,12 @@ from typing import Any
 
 from agent.announce.vrrp.codec import Advert, ChecksumMode, encode
 from agent.announce.vrrp.config import GratuitousConfig, InstanceConfig, SpeakerConfig
-from agent.announce.vrrp.control import Status
+from agent.announce.vrrp.control import SpeakerStatus
 from agent.announce.vrrp.process import SpeakerProcess
 from agent.announce.vrrp.sockets import GROUP4, GROUP6
 from agent.model.net import IPAddress
 from lab import netns
-from lab.topology import Host, Lab, Node
+from lab.topology import Host, Lab, LabNode
 from lab.wait import GiveUp, wait_until
 
 _REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def link_local(host: Host) -> IPAddress:
 
 def speaker_config(
     lab: Lab,
-    node: Node,
+    node: LabNode,
     instances: Iterable[InstanceConfig],
     *,
     gratuitous: GratuitousConfig | None = None,
@@ -72,7 +72,7 @@ def speaker_config(
 
 def start_speaker(
     lab: Lab,
-    node: Node,
+    node: LabNode,
     config: SpeakerConfig,
     *,
     name: str,
@@ -92,7 +92,7 @@ def start_speaker(
     )
     sp.start()
 
-    def running() -> Status | None:
+    def running() -> SpeakerStatus | None:
         if not sp.alive():
             raise GiveUp(f"speaker {name} exited: {speaker_log(lab, name)}")
         status = sp.status()

@@ -33,7 +33,7 @@ from agent.announce.metrics import SpeakerMetrics
 from agent.announce.ownership import Plan, plan
 from agent.announce.settings import AnnounceSettings
 from agent.announce.vrrp.config import SpeakerConfig
-from agent.announce.vrrp.control import Status
+from agent.announce.vrrp.control import SpeakerStatus
 from agent.announce.vrrp.process import SpeakerProcess
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
 from agent.model.net import IPAddress
@@ -102,7 +102,7 @@ class Announcer:
         self._speaker: SpeakerProcess | None = None
         self.source4: ipaddress.IPv4Address | None = None
         self.link_local: IPAddress | None = None
-        self.status: Status | None = None
+        self.status: SpeakerStatus | None = None
 
     # -- agent side ------------------------------------------------------------------------
 
@@ -244,7 +244,7 @@ class Announcer:
             if t.to_state == "Master":
                 self._announce(t.family, t.vrid, status)
 
-    def _announce(self, family: int, vrid: int, status: Status) -> None:
+    def _announce(self, family: int, vrid: int, status: SpeakerStatus) -> None:
         inst = status.instance(family, vrid)
         inp = self._planned
         if inst is None or inp is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-from agent.announce.vrrp.control import Status
+from agent.announce.vrrp.control import SpeakerStatus
 
 STATES = ("Initialize", "Backup", "Master")
 
@@ -94,7 +94,7 @@ class SpeakerMetrics:
             counter.labels(*labels)  # make the series visible at 0
         self._last[key] = total
 
-    def update(self, status: Status) -> None:
+    def update(self, status: SpeakerStatus) -> None:
         """Bring every metric up to `status` (a snapshot from SpeakerProcess.status())."""
         if status.pid != self._pid:  # a new child: its totals start from zero
             self._last.clear()

@@ -80,7 +80,7 @@ STAGGERED_RANKS = 3  # ranks past this wait no longer at Startup (see startup_de
 VRID_MIN, VRID_MAX = 1, 255  # §5.2.3
 
 
-class Reason(enum.StrEnum):
+class OwnershipReason(enum.StrEnum):
     """Why a node may not hold an IP, or what became of an IP (values are Event reasons)."""
 
     ELIGIBLE = "Eligible"
@@ -258,7 +258,7 @@ class Ineligible:
     """A node that may not hold an IP, and the first rule it fails."""
 
     node: str
-    reason: Reason
+    reason: OwnershipReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +272,7 @@ class IPDecision:
 
     ip: IPAddress
     family: IPFamily
-    reason: Reason
+    reason: OwnershipReason
     vrid: int | None
     holder: str | None
     eligible: tuple[str, ...]
@@ -424,27 +424,27 @@ def _set_bytes(eligible: frozenset[str]) -> bytes:
     return b"\0".join(n.encode() for n in sorted(eligible))
 
 
-def node_base_reason(node: NodeState, *, selector: NodeSelector | None) -> Reason:
+def node_base_reason(node: NodeState, *, selector: NodeSelector | None) -> OwnershipReason:
     """Return ELIGIBLE, or the first IP-independent rule `node` fails (readiness, selector)."""
     if not node.ready:
-        return Reason.NOT_READY
+        return OwnershipReason.NOT_READY
     if selector is not None and not selector.matches(dict(node.labels)):
-        return Reason.SELECTOR_MISMATCH
-    return Reason.ELIGIBLE
+        return OwnershipReason.SELECTOR_MISMATCH
+    return OwnershipReason.ELIGIBLE
 
 
-def node_reason(node: NodeState, use: IPUse, *, selector: NodeSelector | None) -> Reason:
+def node_reason(node: NodeState, use: IPUse, *, selector: NodeSelector | None) -> OwnershipReason:
     """Return ELIGIBLE, or the first eligibility rule `node` fails for `use`'s IP."""
     base = node_base_reason(node, selector=selector)
-    if base is not Reason.ELIGIBLE:
+    if base is not OwnershipReason.ELIGIBLE:
         return base
     return _local_reason(node.name, use)
 
 
-def _local_reason(name: str, use: IPUse) -> Reason:
+def _local_reason(name: str, use: IPUse) -> OwnershipReason:
     if any(s.local and name not in s.local_nodes for s in use.services):
-        return Reason.NO_LOCAL_ENDPOINT
-    return Reason.ELIGIBLE
+        return OwnershipReason.NO_LOCAL_ENDPOINT
+    return OwnershipReason.ELIGIBLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,7 +494,7 @@ def _drafts(
 
 def _plan_family(
     family: IPFamily, candidates: list[_Candidate], vrids: VridRange, max_addresses: int
-) -> tuple[SharingLevel, list[Group], dict[IPAddress, Reason]]:
+) -> tuple[SharingLevel, list[Group], dict[IPAddress, OwnershipReason]]:
     """Return the sharing level, the instances and each IP's reason for one family."""
     level = SharingLevel.PER_IP
     drafts, count = _drafts(candidates, level, max_addresses)
@@ -503,13 +503,13 @@ def _plan_family(
             break
         level = next_level
         drafts, count = _drafts(candidates, level, max_addresses)
-    reasons: dict[IPAddress, Reason] = {}
+    reasons: dict[IPAddress, OwnershipReason] = {}
     if count > vrids.size:
         # Only PER_ELIGIBLE_SET gets here: keep the instances serving the most IPs.
         drafts.sort(key=lambda d: (-len(d.addresses), d.key))
         for dropped in drafts[vrids.size :]:
             for ip in dropped.addresses:
-                reasons[ip] = Reason.VRID_EXHAUSTED
+                reasons[ip] = OwnershipReason.VRID_EXHAUSTED
         drafts = drafts[: vrids.size]
     placed = place((d.key for d in drafts), vrids)
     groups: list[Group] = []
@@ -526,11 +526,11 @@ def _plan_family(
         )
         for ip in d.addresses:
             if len(d.addresses) == 1:
-                reasons[ip] = Reason.ASSIGNED
+                reasons[ip] = OwnershipReason.ASSIGNED
             elif level is SharingLevel.PER_ELIGIBLE_SET and _top(ip, d.eligible) != ranking[0]:
-                reasons[ip] = Reason.VRID_SHARED_ACROSS_HOLDERS
+                reasons[ip] = OwnershipReason.VRID_SHARED_ACROSS_HOLDERS
             else:
-                reasons[ip] = Reason.VRID_SHARED
+                reasons[ip] = OwnershipReason.VRID_SHARED
     return level, groups, reasons
 
 
@@ -564,9 +564,9 @@ def plan(
         ineligible: list[Ineligible] = []
         for name, base_reason in base:
             reason = base_reason
-            if reason is Reason.ELIGIBLE:
+            if reason is OwnershipReason.ELIGIBLE:
                 reason = _local_reason(name, use)
-            if reason is Reason.ELIGIBLE:
+            if reason is OwnershipReason.ELIGIBLE:
                 eligible.add(name)
             else:
                 ineligible.append(Ineligible(name, reason))
@@ -574,7 +574,9 @@ def plan(
         (by_family[use.family] if eligible else no_holder).append(cand)
 
     decisions: list[IPDecision] = [
-        IPDecision(c.ip, family_of(c.ip), Reason.NO_ELIGIBLE_NODES, None, None, (), c.ineligible)
+        IPDecision(
+            c.ip, family_of(c.ip), OwnershipReason.NO_ELIGIBLE_NODES, None, None, (), c.ineligible
+        )
         for c in no_holder
     ]
     groups: list[Group] = []

@@ -38,8 +38,8 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.controller.request import FamilyPolicy, Feature, IPFamily, PortKey, ServiceRequest
-from agent.model.net import IPAddress
+from agent.controller.request import FamilyPolicy, Feature, ProtocolPort, ServiceRequest
+from agent.model.net import IPAddress, IPFamily
 from agent.model.pools import AddressPool, PoolSet
 
 
@@ -145,7 +145,7 @@ class PoolUsage:
 
 @dataclass(frozen=True, slots=True)
 class _Holder:
-    ports: frozenset[PortKey]
+    ports: frozenset[ProtocolPort]
     share_key: str | None
     backend: str
 

@@ -52,9 +52,9 @@ from agent.model.net import IPAddress, Protocol
 
 __all__ = [
     "Condition",
+    "ConditionReason",
     "ConditionType",
     "Feature",
-    "Reason",
     "Unmet",
     "merge_conditions",
     "refusal",
@@ -71,7 +71,7 @@ class ConditionType(enum.StrEnum):
     DEGRADED = "LoadBalancerDegraded"
 
 
-class Reason(enum.StrEnum):
+class ConditionReason(enum.StrEnum):
     """The condition reasons nodelb writes."""
 
     SERVING = "Serving"
@@ -89,11 +89,11 @@ class Reason(enum.StrEnum):
 
 
 _DEGRADED_REASON = {
-    Feature.IP_FAMILIES: Reason.IP_FAMILIES_NOT_SUPPORTED,
-    Feature.PORTS: Reason.PORTS_NOT_SUPPORTED,
-    Feature.LOAD_BALANCER_IP: Reason.LOAD_BALANCER_IP_NOT_SUPPORTED,
-    Feature.SESSION_AFFINITY: Reason.SESSION_AFFINITY_NOT_SUPPORTED,
-    Feature.EXTERNAL_TRAFFIC_POLICY: Reason.EXTERNAL_TRAFFIC_POLICY_NOT_SUPPORTED,
+    Feature.IP_FAMILIES: ConditionReason.IP_FAMILIES_NOT_SUPPORTED,
+    Feature.PORTS: ConditionReason.PORTS_NOT_SUPPORTED,
+    Feature.LOAD_BALANCER_IP: ConditionReason.LOAD_BALANCER_IP_NOT_SUPPORTED,
+    Feature.SESSION_AFFINITY: ConditionReason.SESSION_AFFINITY_NOT_SUPPORTED,
+    Feature.EXTERNAL_TRAFFIC_POLICY: ConditionReason.EXTERNAL_TRAFFIC_POLICY_NOT_SUPPORTED,
 }
 
 # Allocation failures nodelb will not fix by waiting: the Service asks for something it lacks.
@@ -114,7 +114,7 @@ class Condition:
 
     type: ConditionType
     status: bool
-    reason: Reason
+    reason: ConditionReason
     message: str
 
 
@@ -206,7 +206,10 @@ def service_conditions(
         return []
     if allocation is None:
         return _triple(
-            False, Reason.PROVISIONING, "waiting for an address to be allocated", provisioning=True
+            False,
+            ConditionReason.PROVISIONING,
+            "waiting for an address to be allocated",
+            provisioning=True,
         )
     unmet = (
         unmet_features(
@@ -220,9 +223,13 @@ def service_conditions(
     )
     refused = refusal(request=request, unmet=unmet)
     if refused is not None:
-        return _triple(False, Reason.UNSUPPORTED, refused, provisioning=False)
+        return _triple(False, ConditionReason.UNSUPPORTED, refused, provisioning=False)
     if not allocation.allocated:
-        reason = Reason.UNSUPPORTED if allocation.reason in _UNSUPPORTED else Reason.INFRASTRUCTURE
+        reason = (
+            ConditionReason.UNSUPPORTED
+            if allocation.reason in _UNSUPPORTED
+            else ConditionReason.INFRASTRUCTURE
+        )
         return _triple(False, reason, allocation.message, provisioning=False)
     waiting = [ip for ip in allocation.ips if ip not in serving_ips]
     if waiting:
@@ -230,24 +237,24 @@ def service_conditions(
         serving = Condition(
             ConditionType.SERVING,
             False,
-            Reason.PROVISIONING,
+            ConditionReason.PROVISIONING,
             f"waiting for a node to hold {text} with the Service's rules in place",
         )
         provisioning = Condition(
             ConditionType.PROVISIONING,
             True,
-            Reason.PROVISIONING,
+            ConditionReason.PROVISIONING,
             f"{', '.join(map(str, allocation.ips))} allocated; announcing {text}",
         )
     else:
         serving = Condition(
             ConditionType.SERVING,
             True,
-            Reason.SERVING,
+            ConditionReason.SERVING,
             f"serving on {', '.join(map(str, allocation.ips))}",
         )
         provisioning = Condition(
-            ConditionType.PROVISIONING, False, Reason.COMPLETE, "provisioning is complete"
+            ConditionType.PROVISIONING, False, ConditionReason.COMPLETE, "provisioning is complete"
         )
     return [serving, provisioning, _degraded(unmet)]
 
@@ -257,27 +264,35 @@ def _degraded(unmet: Sequence[Unmet]) -> Condition:
         return Condition(
             ConditionType.DEGRADED,
             False,
-            Reason.NOT_DEGRADED,
+            ConditionReason.NOT_DEGRADED,
             "every requested feature is implemented",
         )
-    reason = _DEGRADED_REASON[unmet[0].feature] if len(unmet) == 1 else Reason.MULTIPLE
+    reason = _DEGRADED_REASON[unmet[0].feature] if len(unmet) == 1 else ConditionReason.MULTIPLE
     return Condition(
         ConditionType.DEGRADED, True, reason, "; ".join(f"{u.feature}: {u.message}" for u in unmet)
     )
 
 
-def _triple(serving: bool, reason: Reason, message: str, *, provisioning: bool) -> list[Condition]:
+def _triple(
+    serving: bool, reason: ConditionReason, message: str, *, provisioning: bool
+) -> list[Condition]:
     if provisioning:
-        prov = Condition(ConditionType.PROVISIONING, True, Reason.PROVISIONING, message)
+        prov = Condition(ConditionType.PROVISIONING, True, ConditionReason.PROVISIONING, message)
     else:
         prov = Condition(
-            ConditionType.PROVISIONING, False, Reason.COMPLETE, f"gave up for now: {message}"
+            ConditionType.PROVISIONING,
+            False,
+            ConditionReason.COMPLETE,
+            f"gave up for now: {message}",
         )
     return [
         Condition(ConditionType.SERVING, serving, reason, message),
         prov,
         Condition(
-            ConditionType.DEGRADED, False, Reason.NOT_DEGRADED, "nothing is provisioned to degrade"
+            ConditionType.DEGRADED,
+            False,
+            ConditionReason.NOT_DEGRADED,
+            "nothing is provisioned to degrade",
         ),
     ]
 

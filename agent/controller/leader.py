@@ -33,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 log = logging.getLogger(__name__)
 
 
-class Verdict(enum.StrEnum):
+class LeaseVerdict(enum.StrEnum):
     """What a candidate does with the Lease it just read."""
 
     CREATE = "Create"  # no Lease yet
@@ -65,7 +65,7 @@ class Observation:
 class Decision:
     """The verdict, and the spec to write for CREATE / ACQUIRE / RENEW."""
 
-    verdict: Verdict
+    verdict: LeaseVerdict
     spec: dict[str, Any] | None = None
 
 
@@ -97,16 +97,16 @@ def decide(
     stamp = _micro_time(wall)
     if observation is None:
         spec = _spec(me, duration, stamp, stamp, transitions=0)
-        return Decision(Verdict.CREATE, spec)
+        return Decision(LeaseVerdict.CREATE, spec)
     rec = observation.record
     if rec.holder == me:
         spec = _spec(me, duration, rec.acquire_time or stamp, stamp, transitions=rec.transitions)
-        return Decision(Verdict.RENEW, spec)
+        return Decision(LeaseVerdict.RENEW, spec)
     expired = not rec.holder or now >= observation.seen_at + rec.duration
     if not expired:
-        return Decision(Verdict.WAIT)
+        return Decision(LeaseVerdict.WAIT)
     spec = _spec(me, duration, stamp, stamp, transitions=rec.transitions + 1)
-    return Decision(Verdict.ACQUIRE, spec)
+    return Decision(LeaseVerdict.ACQUIRE, spec)
 
 
 def released_spec(record: LeaseRecord, wall: datetime.datetime) -> dict[str, Any]:
@@ -232,7 +232,7 @@ class LeaderElector:
             wall=datetime.datetime.now(datetime.UTC),
             duration=self._timing.lease_duration,
         )
-        if decision.verdict is Verdict.WAIT:
+        if decision.verdict is LeaseVerdict.WAIT:
             return
         assert decision.spec is not None
         body: dict[str, Any] = {
@@ -242,7 +242,7 @@ class LeaderElector:
             "spec": decision.spec,
         }
         try:
-            if decision.verdict is Verdict.CREATE:
+            if decision.verdict is LeaseVerdict.CREATE:
                 self._api.create_namespaced_lease(self._namespace, body)
             else:
                 assert self._observation is not None

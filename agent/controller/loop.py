@@ -60,7 +60,7 @@ from agent.controller.config import (
 )
 from agent.controller.exhaustion import ExhaustionLimiter
 from agent.controller.leader import ElectionTiming, LeaderElector
-from agent.controller.request import IPFamily, ServiceRequest
+from agent.controller.request import ServiceRequest
 from agent.controller.service_status import (
     ServiceView,
     StatusPlan,
@@ -80,7 +80,7 @@ from agent.kube.node_report import (
 )
 from agent.kube.reflector import ListFn, Reflector
 from agent.kube.store import Change, Store
-from agent.model.net import IPAddress
+from agent.model.net import IPAddress, IPFamily
 from agent.model.pools import PoolSet
 
 log = logging.getLogger(__name__)

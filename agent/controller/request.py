@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.model.net import IPAddress, Protocol
+from agent.model.net import IPAddress, IPFamily, Protocol
 from agent.model.service import InvalidService, Service, parse_service
 from agent.model.service_class import classify, is_ours
 
@@ -30,21 +30,6 @@ POOL_ANNOTATION = "nodelb.io/ip-pool"
 IPS_ANNOTATION = "nodelb.io/load-balancer-ips"
 SHARE_ANNOTATION = "nodelb.io/allow-shared-ip"
 REQUIRED_FEATURES_ANNOTATION = "nodelb.io/required-features"
-
-
-class IPFamily(enum.StrEnum):
-    """An entry of spec.ipFamilies."""
-
-    IPV4 = "IPv4"
-    IPV6 = "IPv6"
-
-    @property
-    def version(self) -> int:
-        return 4 if self is IPFamily.IPV4 else 6
-
-    @staticmethod
-    def of(ip: IPAddress) -> IPFamily:
-        return IPFamily.IPV4 if ip.version == 4 else IPFamily.IPV6
 
 
 class Feature(enum.StrEnum):
@@ -66,7 +51,7 @@ class FamilyPolicy(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True, order=True)
-class PortKey:
+class ProtocolPort:
     """One (protocol, port) a Service listens on; two sharing Services must not have one alike."""
 
     protocol: Protocol
@@ -93,7 +78,7 @@ class ServiceRequest:
     ours: bool = True
     ip_families: tuple[IPFamily, ...] = (IPFamily.IPV4,)
     family_policy: FamilyPolicy = FamilyPolicy.SINGLE_STACK
-    ports: frozenset[PortKey] = frozenset()
+    ports: frozenset[ProtocolPort] = frozenset()
     local_policy: bool = False
     selector: tuple[tuple[str, str], ...] = ()
     labels: tuple[tuple[str, str], ...] = ()
@@ -237,7 +222,7 @@ def request_from_service(
         ours=ours,
         ip_families=tuple(families) or (IPFamily.IPV4,),
         family_policy=policy,
-        ports=frozenset(PortKey(p.protocol, p.port) for p in svc.ports),
+        ports=frozenset(ProtocolPort(p.protocol, p.port) for p in svc.ports),
         local_policy=svc.local_policy,
         selector=tuple(sorted((selector or {}).items())),
         labels=tuple(sorted((labels or {}).items())),

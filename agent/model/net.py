@@ -24,3 +24,11 @@ class IPFamily(enum.StrEnum):
 
     IPV4 = "IPv4"
     IPV6 = "IPv6"
+
+    @property
+    def version(self) -> int:
+        return 4 if self is IPFamily.IPV4 else 6
+
+    @staticmethod
+    def of(ip: IPAddress) -> IPFamily:
+        return IPFamily.IPV4 if ip.version == 4 else IPFamily.IPV6

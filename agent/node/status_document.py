@@ -147,7 +147,7 @@ class StatusFormatError(ValueError):
     """The status document does not follow the schema; the message names the path."""
 
 
-class SyncResult(enum.StrEnum):
+class LastSyncResult(enum.StrEnum):
     """How the agent's last sync ended."""
 
     OK = "ok"
@@ -175,7 +175,7 @@ class LastSync:
     """The agent's last sync; `time` and `kind` are None exactly when `result` is NEVER."""
 
     time: datetime | None
-    result: SyncResult
+    result: LastSyncResult
     message: str
     duration_seconds: float
     kind: SyncKind | None
@@ -206,7 +206,7 @@ class FrontendStatus:
 
 
 @dataclass(frozen=True, slots=True)
-class Status:
+class StatusDocument:
     """An agent's status document, parsed. Lists keep the document's order."""
 
     node: str
@@ -297,9 +297,9 @@ def _items(value: Any, path: str, parse: Callable[[Any, str], T]) -> tuple[T, ..
 def _last_sync(value: Any, path: str) -> LastSync:
     obj = _mapping(value, path)
     p = f"{path}."
-    result = _enum(SyncResult, _get(obj, "result", p), f"{p}result")
+    result = _enum(LastSyncResult, _get(obj, "result", p), f"{p}result")
     raw_time, raw_kind = _get(obj, "time", p), _get(obj, "kind", p)
-    never = result is SyncResult.NEVER
+    never = result is LastSyncResult.NEVER
     if (raw_time is None) != never:
         raise StatusFormatError(f"{p}time: must be null exactly when result is 'never'")
     if (raw_kind is None) != never:
@@ -358,10 +358,10 @@ def _frontend(value: Any, path: str) -> FrontendStatus:
     )
 
 
-def parse_status(document: Any) -> Status:
-    """Return the Status for a decoded status document; raise StatusFormatError if malformed."""
+def parse_status(document: Any) -> StatusDocument:
+    """Return the parsed status document; raise StatusFormatError naming the path if malformed."""
     obj = _mapping(document, "")
-    return Status(
+    return StatusDocument(
         node=_str(_get(obj, "node", ""), "node", empty=False),
         time=_time(_get(obj, "time", ""), "time"),
         last_sync=_last_sync(_get(obj, "lastSync", ""), "lastSync"),
@@ -383,7 +383,7 @@ def format_time(value: datetime) -> str:
     return text[: -len("+00:00")] + "Z" if text.endswith("+00:00") else text
 
 
-def to_document(status: Status) -> dict[str, Any]:
+def to_document(status: StatusDocument) -> dict[str, Any]:
     """Return the status document for `status` (the schema above, keys in schema order)."""
     ls = status.last_sync
     return {
@@ -422,6 +422,6 @@ def to_document(status: Status) -> dict[str, Any]:
     }
 
 
-def to_json(status: Status) -> str:
+def to_json(status: StatusDocument) -> str:
     """Return the status document as indented JSON (no trailing newline)."""
     return json.dumps(to_document(status), indent=2)

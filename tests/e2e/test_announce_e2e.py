@@ -32,7 +32,7 @@ from lab import client, netns, nsclient
 from lab.cluster import LAB_ANNOUNCE, ClusterLab, frontend_keys, tcp_port
 from lab.controllers import NAMESPACE, ControllerSet
 from lab.requestloop import RequestLoop, failed, outage
-from lab.topology import Node
+from lab.topology import LabNode
 from lab.vrrp_lab import holds, mac_of, neighbour_mac
 from lab.wait import wait_until
 
@@ -48,14 +48,14 @@ def cluster_agent_config() -> dict[str, Any]:
     return LAB_ANNOUNCE
 
 
-def holders(cluster: ClusterLab, ip: IPAddress) -> list[Node]:
+def holders(cluster: ClusterLab, ip: IPAddress) -> list[LabNode]:
     return [n for n in cluster.nodes if holds(n, ip)]
 
 
-def the_holder(cluster: ClusterLab, ip: IPAddress, *, not_: str | None = None) -> Node:
+def the_holder(cluster: ClusterLab, ip: IPAddress, *, not_: str | None = None) -> LabNode:
     """Wait until exactly one node (other than `not_`) holds `ip`; return it."""
 
-    def one() -> Node | None:
+    def one() -> LabNode | None:
         found = holders(cluster, ip)
         if len(found) == 1 and found[0].name != not_:
             return found[0]
@@ -70,7 +70,7 @@ def nobody_holds(cluster: ClusterLab, ip: IPAddress) -> bool:
     return not holders(cluster, ip)
 
 
-def entry_names(cluster: ClusterLab, ip: IPAddress, node: Node) -> bool:
+def entry_names(cluster: ClusterLab, ip: IPAddress, node: LabNode) -> bool:
     """Return True when the client's neighbour entry for `ip` carries `node`'s MAC."""
     return neighbour_mac(cluster.client_ns, ip) == mac_of(node)
 
@@ -120,7 +120,7 @@ def web(cluster: ClusterLab) -> Iterator[tuple[IPAddress, IPAddress]]:
             wait_until(gone, CONVERGE, f"{ip} released")
 
 
-def the_next_holder(cluster: ClusterLab, ip: IPAddress, old: Node) -> None:
+def the_next_holder(cluster: ClusterLab, ip: IPAddress, old: LabNode) -> None:
     """Wait until the next node by rank alone holds `ip` and the client's entry names it.
 
     Waiting for any node but `old` is not enough: the two remaining backups' timers fire

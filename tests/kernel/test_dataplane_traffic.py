@@ -35,7 +35,7 @@ from agent.model.desired_state import DesiredState, Endpoint, Frontend, Frontend
 from agent.model.net import IPAddress, IPNetwork, Protocol
 from lab import netns
 from lab.client import Failure, Outcome, Probe, Reply, Result, run_probes
-from lab.topology import Host, Lab, LabSpec, Node, Pod, gateway_addresses
+from lab.topology import Host, Lab, LabNode, LabSpec, Pod, gateway_addresses
 from lab.wait import GiveUp, wait_until
 from rules import layout as L
 
@@ -92,13 +92,13 @@ class Planes:
     def __init__(self) -> None:
         self.runners: list[NetnsNftRunner] = []
 
-    def runner(self, node: Node) -> NetnsNftRunner:
+    def runner(self, node: LabNode) -> NetnsNftRunner:
         """Return a fresh NftRunner bound to `node`'s namespace."""
         r = NetnsNftRunner(node.ns)
         self.runners.append(r)
         return r
 
-    def make(self, node: Node, *, conntrack: bool = True) -> Dataplane:
+    def make(self, node: LabNode, *, conntrack: bool = True) -> Dataplane:
         """Return a new Dataplane for `node` (with conntrack cleanup unless told otherwise)."""
         ct = ToolConntrackRunner(netns=node.ns) if conntrack else None
         return Dataplane(self.runner(node), conntrack=ct)
@@ -123,7 +123,7 @@ def planes() -> Iterator[Planes]:
 
 
 @contextlib.contextmanager
-def routes(lab: Lab, node: Node, *ips: IPAddress) -> Iterator[None]:
+def routes(lab: Lab, node: LabNode, *ips: IPAddress) -> Iterator[None]:
     """Route `ips` from the client via `node` (standing in for the announcer), then remove."""
     ns = client_of(lab).ns
     added: list[list[str]] = []
@@ -188,7 +188,7 @@ def frontend(
     )
 
 
-def desired(node: Node, *frontends: Frontend, held: Iterable[IPAddress] = ()) -> DesiredState:
+def desired(node: LabNode, *frontends: Frontend, held: Iterable[IPAddress] = ()) -> DesiredState:
     """Return `node`'s DesiredState: the frontends, held IPs, and its own pod CIDRs as local."""
     return DesiredState(
         frontends={f.key: f for f in frontends},
@@ -242,7 +242,7 @@ def names(pods: Iterable[Pod]) -> set[str]:
     return {p.name for p in pods}
 
 
-def masquerade_source(lab: Lab, node: Node, pod: Pod, family: int = 4) -> IPAddress:
+def masquerade_source(lab: Lab, node: LabNode, pod: Pod, family: int = 4) -> IPAddress:
     """Return the address `node` masquerades to when it forwards to `pod`.
 
     That is its pod bridge's address for its own pods, else its segment address (the route to
@@ -254,7 +254,7 @@ def masquerade_source(lab: Lab, node: Node, pod: Pod, family: int = 4) -> IPAddr
     return node.ip4 if family == 4 else node.ip6
 
 
-def assert_masqueraded(lab: Lab, node: Node, replies: Iterable[Reply], family: int = 4) -> None:
+def assert_masqueraded(lab: Lab, node: LabNode, replies: Iterable[Reply], family: int = 4) -> None:
     """Assert every pod saw `node`'s address (never the client's) as the source."""
     wrong = [
         r for r in replies if r.client_ip != masquerade_source(lab, node, lab.pod(r.pod), family)

@@ -20,7 +20,7 @@ from agent.model.net import IPAddress
 from lab import client
 from lab.client import Reply
 from lab.keepalived import KEEPALIVED, Keepalived, config_text, start_keepalived
-from lab.topology import Lab, LabSpec, Node
+from lab.topology import Lab, LabNode, LabSpec
 from lab.vrrp_lab import holds, mac_of, neighbour_mac
 from lab.wait import wait_until
 
@@ -34,7 +34,7 @@ NODE_PORT = 8080
 TIMEOUT = 30.0  # generous: the machine is busy; nothing here asserts a duration
 
 
-def start_peer(lab: Lab, node: Node, priority: int, workdir: Path) -> Keepalived:
+def start_peer(lab: Lab, node: LabNode, priority: int, workdir: Path) -> Keepalived:
     """Start keepalived on `node` holding VIP4 and VIP6 on VRID at `priority`."""
     config = config_text(
         router_id=node.name,
@@ -51,7 +51,9 @@ def answering_node(ns: str, vip: IPAddress) -> str | None:
     return result.pod if isinstance(result, Reply) else None
 
 
-def expect_holder(client_ns: str, vip: IPAddress, *, holder: Node, other: Node | None) -> None:
+def expect_holder(
+    client_ns: str, vip: IPAddress, *, holder: LabNode, other: LabNode | None
+) -> None:
     """Wait until `holder` has the VIP (and `other`, if given, has not) and answers on it."""
     wait_until(
         lambda: holds(holder, vip) and (other is None or not holds(other, vip)),
@@ -65,7 +67,7 @@ def expect_holder(client_ns: str, vip: IPAddress, *, holder: Node, other: Node |
     )
 
 
-def expect_neighbor(client_ns: str, vip: IPAddress, holder: Node) -> None:
+def expect_neighbor(client_ns: str, vip: IPAddress, holder: LabNode) -> None:
     """Wait until `holder` has the VIP and the client's neighbour entry names its MAC."""
     wait_until(lambda: holds(holder, vip), TIMEOUT, f"{vip} on {holder.name}")
     wait_until(

@@ -23,13 +23,13 @@ import pytest
 
 from agent.announce.ownership import startup_delay_cs
 from agent.announce.vrrp.config import InstanceConfig, SpeakerConfig, to_json
-from agent.announce.vrrp.control import Status, read_status
+from agent.announce.vrrp.control import SpeakerStatus, read_status
 from agent.announce.vrrp.machine import master_down_interval, skew_time
 from agent.announce.vrrp.process import SpeakerProcess
 from agent.model.net import IPAddress
 from bench.failover import CLIENT_LOOP, answering, replies
 from lab import netns
-from lab.topology import Lab, LabSpec, Node
+from lab.topology import Lab, LabNode, LabSpec
 from lab.vrrp_lab import (
     holds,
     mac_of,
@@ -50,7 +50,7 @@ SLACK_US = 150_000  # scheduling on a busy 2-CPU machine, netlink, status write
 TIMEOUT = 20.0
 PORT = 8080
 
-Start = Callable[[Node, int], SpeakerProcess]
+Start = Callable[[LabNode, int], SpeakerProcess]
 
 
 def instances(priority: int, *, preempt: bool = True) -> list[InstanceConfig]:
@@ -102,11 +102,11 @@ def master_is(sp: SpeakerProcess, family: int, address: IPAddress) -> bool:
     return master_seen(sp, family) == address
 
 
-def neighbour_is(ns: str, vip: IPAddress, holder: Node) -> bool:
+def neighbour_is(ns: str, vip: IPAddress, holder: LabNode) -> bool:
     return neighbour_mac(ns, vip) == mac_of(holder)
 
 
-def moved(vip: IPAddress, to: Node, away: Node) -> bool:
+def moved(vip: IPAddress, to: LabNode, away: LabNode) -> bool:
     return holds(to, vip) and not holds(away, vip)
 
 
@@ -243,7 +243,7 @@ def test_without_preempt_a_returning_higher_priority_stays_backup(
     )
     speakers.append(high)
 
-    def heard(n: int) -> Status | None:
+    def heard(n: int) -> SpeakerStatus | None:
         status = high.status()
         if status is None:
             return None

@@ -18,7 +18,7 @@ import pytest
 from agent.announce.vrrp.config import InstanceConfig
 from agent.announce.vrrp.process import SpeakerProcess
 from lab.keepalived import KEEPALIVED, Keepalived
-from lab.topology import Lab, LabSpec, Node
+from lab.topology import Lab, LabNode, LabSpec
 from lab.vrrp_lab import holds, link_local, speaker_config, start_speaker
 from lab.wait import wait_until
 from tests.kernel.test_keepalived_smoke import VIP4, VIP6, VRID, start_peer
@@ -31,7 +31,7 @@ pytestmark = [
 TIMEOUT = 20.0
 
 
-def nodelb(lab: Lab, node: Node, priority: int, name: str) -> SpeakerProcess:
+def nodelb(lab: Lab, node: LabNode, priority: int, name: str) -> SpeakerProcess:
     instances = [
         InstanceConfig(
             vrid=VRID, family=f, priority=priority, advert_interval_cs=10, addresses=(a,)
@@ -49,11 +49,11 @@ def nodelb_state(sp: SpeakerProcess) -> tuple[str | None, str | None]:
     return (got[0].state if got[0] else None, got[1].state if got[1] else None)
 
 
-def holds_both(node: Node) -> bool:
+def holds_both(node: LabNode) -> bool:
     return holds(node, VIP4) and holds(node, VIP6)
 
 
-def holds_none(node: Node) -> bool:
+def holds_none(node: LabNode) -> bool:
     return not holds(node, VIP4) and not holds(node, VIP6)
 
 

@@ -26,7 +26,7 @@ from agent.announce.vrrp.process import SpeakerProcess
 from agent.dataplane.applier import Dataplane
 from agent.dataplane.libnft import NetnsNftRunner
 from bench.dataplane import build_state
-from lab.topology import Lab, LabSpec, Node
+from lab.topology import Lab, LabNode, LabSpec
 from lab.vrrp_lab import (
     holds,
     link_local,
@@ -90,7 +90,7 @@ def run_load(
 
 
 def _load(
-    lab: Lab, n1: Node, threads: int, sync_services: int, seconds: float
+    lab: Lab, n1: LabNode, threads: int, sync_services: int, seconds: float
 ) -> tuple[int, int, float]:
     state = build_state(sync_services, 10) if sync_services else None  # built outside
     stop = threading.Event()

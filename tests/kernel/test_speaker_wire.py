@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from agent.announce.metrics import SpeakerMetrics
 from agent.announce.vrrp.codec import ChecksumMode, DecodeReason
 from agent.announce.vrrp.config import GratuitousConfig, InstanceConfig
-from agent.announce.vrrp.control import Status
+from agent.announce.vrrp.control import SpeakerStatus
 from agent.announce.vrrp.process import SpeakerProcess
 from agent.announce.vrrp.speaker import DropReason
 from lab import netns
@@ -95,7 +95,7 @@ def test_spoofed_adverts_are_dropped_with_their_reason_and_the_master_stays(
         (4, DropReason.UNKNOWN_VRID.value): SPOOFS,
     }
 
-    def all_counted() -> Status | None:
+    def all_counted() -> SpeakerStatus | None:
         status = master.status()
         if status is None:
             return None

@@ -32,7 +32,7 @@ from agent.announce.vrrp.codec import (
 )
 from agent.model.net import IPAddress
 from lab import netns
-from lab.topology import Lab, LabSpec, Node
+from lab.topology import Lab, LabNode, LabSpec
 from lab.wait import GiveUp, wait_until
 
 pytestmark = pytest.mark.kernel
@@ -135,7 +135,7 @@ def priorities(packets: list[Captured], family: int) -> list[int]:
     return [p.payload[2] for p in packets if p.family == family]
 
 
-def start_tcpdump(lab: Lab, node: Node, pcap: Path) -> None:
+def start_tcpdump(lab: Lab, node: LabNode, pcap: Path) -> None:
     argv = [TCPDUMP, "-i", node.ifname, "-n", "-U", "-s", "0", "-Z", "root", "-w", str(pcap)]
     argv.append("ip proto 112 or ip6 proto 112")
     proc = lab.spawn(node.ns, argv, log_name=f"tcpdump-{node.name}")

@@ -20,14 +20,8 @@ from agent.controller.allocator import (
     rebuild,
 )
 from agent.controller.exhaustion import ExhaustionLimiter
-from agent.controller.request import (
-    FamilyPolicy,
-    IPFamily,
-    PortKey,
-    ServiceRequest,
-    request_from_raw,
-)
-from agent.model.net import IPAddress, Protocol
+from agent.controller.request import FamilyPolicy, ProtocolPort, ServiceRequest, request_from_raw
+from agent.model.net import IPAddress, IPFamily, Protocol
 from agent.model.pools import Forbidden, PoolSet, parse_pools
 from agent.model.service import InvalidService
 
@@ -62,8 +56,8 @@ def ips(*texts: str) -> tuple[IPAddress, ...]:
     return tuple(ip(t) for t in texts)
 
 
-def tcp(*ports: int) -> frozenset[PortKey]:
-    return frozenset(PortKey(Protocol.TCP, p) for p in ports)
+def tcp(*ports: int) -> frozenset[ProtocolPort]:
+    return frozenset(ProtocolPort(Protocol.TCP, p) for p in ports)
 
 
 def req(name: str, created: int = 0, **kw: Any) -> ServiceRequest:
@@ -242,10 +236,10 @@ CASES = [
     ),
     pytest.param(
         AllocCase(
-            req("b", share_key="k", ports=frozenset({PortKey(Protocol.UDP, 53)})),
+            req("b", share_key="k", ports=frozenset({ProtocolPort(Protocol.UDP, 53)})),
             R.ALLOCATED,
             ("198.18.0.0",),
-            setup=(req("a", share_key="k", ports=frozenset({PortKey(Protocol.TCP, 53)})),),
+            setup=(req("a", share_key="k", ports=frozenset({ProtocolPort(Protocol.TCP, 53)})),),
         ),
         id="TCP/53 and UDP/53 do not collide and share an address",
     ),
@@ -628,7 +622,7 @@ def test_request_from_raw_reads_families_annotations_and_class() -> None:
         ours=True,
         ip_families=(IPFamily.IPV6, IPFamily.IPV4),
         family_policy=FamilyPolicy.REQUIRE_DUAL_STACK,
-        ports=frozenset({PortKey(Protocol.TCP, 80), PortKey(Protocol.UDP, 53)}),
+        ports=frozenset({ProtocolPort(Protocol.TCP, 80), ProtocolPort(Protocol.UDP, 53)}),
         local_policy=True,
         selector=(("app", "www"),),
         labels=(("app", "www"),),
@@ -777,7 +771,7 @@ def requests(draw: st.DrawFn) -> ServiceRequest:
         draw(
             st.sets(
                 st.builds(
-                    PortKey,
+                    ProtocolPort,
                     st.sampled_from([Protocol.TCP, Protocol.UDP]),
                     st.sampled_from([53, 80, 443]),
                 ),
@@ -832,7 +826,7 @@ def check_exclusive(alloc: Allocator, latest: Mapping[str, ServiceRequest]) -> N
         keys = {r.share_key for r in reqs}
         assert len(keys) == 1 and None not in keys, (address, holders)
         assert len({r.backend_key for r in reqs}) == 1, (address, holders)
-        seen: set[PortKey] = set()
+        seen: set[ProtocolPort] = set()
         for r in reqs:
             assert not (seen & r.ports), (address, holders)
             seen |= r.ports

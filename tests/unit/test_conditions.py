@@ -16,14 +16,14 @@ from agent.controller.allocator import (
 )
 from agent.controller.conditions import (
     Condition,
+    ConditionReason,
     ConditionType,
     Feature,
-    Reason,
     merge_conditions,
     service_conditions,
 )
-from agent.controller.request import FamilyPolicy, IPFamily, PortKey, ServiceRequest
-from agent.model.net import IPAddress, Protocol
+from agent.controller.request import FamilyPolicy, ProtocolPort, ServiceRequest
+from agent.model.net import IPAddress, IPFamily, Protocol
 
 R = AllocationReason
 V4 = ipaddress.ip_address("198.18.0.1")
@@ -31,7 +31,7 @@ V6 = ipaddress.ip_address("2001:db8::1")
 
 
 def req(**kw: Any) -> ServiceRequest:
-    kw.setdefault("ports", frozenset({PortKey(Protocol.TCP, 80)}))
+    kw.setdefault("ports", frozenset({ProtocolPort(Protocol.TCP, 80)}))
     return ServiceRequest(key="ns/web", uid="u", created="2026-01-01T00:00:00Z", **kw)
 
 
@@ -46,7 +46,9 @@ def failed(reason: AllocationReason, message: str = "it failed") -> AllocationRe
     return AllocationResult("ns/web", reason, (), message)
 
 
-Triple = tuple[tuple[bool, Reason], tuple[bool, Reason], tuple[bool, Reason]]
+Triple = tuple[
+    tuple[bool, ConditionReason], tuple[bool, ConditionReason], tuple[bool, ConditionReason]
+]
 
 
 @dataclass(frozen=True)
@@ -60,10 +62,14 @@ class Case:
     unsupported_features: frozenset[Feature] = frozenset()
 
 
-SERVING = (True, Reason.SERVING)
-COMPLETE = (False, Reason.COMPLETE)
-NOT_DEGRADED = (False, Reason.NOT_DEGRADED)
-WAITING = ((False, Reason.PROVISIONING), (True, Reason.PROVISIONING), NOT_DEGRADED)
+SERVING = (True, ConditionReason.SERVING)
+COMPLETE = (False, ConditionReason.COMPLETE)
+NOT_DEGRADED = (False, ConditionReason.NOT_DEGRADED)
+WAITING = (
+    (False, ConditionReason.PROVISIONING),
+    (True, ConditionReason.PROVISIONING),
+    NOT_DEGRADED,
+)
 DUAL_PREFER = {
     "ip_families": (IPFamily.IPV4, IPFamily.IPV6),
     "family_policy": FamilyPolicy.PREFER_DUAL_STACK,
@@ -97,7 +103,7 @@ CASES = [
             req(**DUAL_PREFER),
             ok(V4, missing=(IPFamily.IPV6,)),
             frozenset({V4}),
-            (SERVING, COMPLETE, (True, Reason.IP_FAMILIES_NOT_SUPPORTED)),
+            (SERVING, COMPLETE, (True, ConditionReason.IP_FAMILIES_NOT_SUPPORTED)),
             "IPv6",
         ),
         id="PreferDualStack served on one family is degraded for IPFamilies",
@@ -107,7 +113,7 @@ CASES = [
             req(**DUAL_PREFER, required_features=("IPFamilies",)),
             ok(V4, missing=(IPFamily.IPV6,)),
             frozenset({V4}),
-            ((False, Reason.UNSUPPORTED), COMPLETE, NOT_DEGRADED),
+            ((False, ConditionReason.UNSUPPORTED), COMPLETE, NOT_DEGRADED),
             "required feature IPFamilies",
         ),
         id="a required IPFamilies that cannot be met is refused instead of degraded",
@@ -117,7 +123,7 @@ CASES = [
             req(),
             failed(R.NO_POOL_FOR_FAMILY, "no IPv6 pool"),
             frozenset(),
-            ((False, Reason.UNSUPPORTED), COMPLETE, NOT_DEGRADED),
+            ((False, ConditionReason.UNSUPPORTED), COMPLETE, NOT_DEGRADED),
             "no IPv6 pool",
         ),
         id="a family with no pool is unsupported",
@@ -127,7 +133,7 @@ CASES = [
             req(requested_ips=(V4,)),
             failed(R.REQUESTED_IP_NOT_IN_POOL),
             frozenset(),
-            ((False, Reason.UNSUPPORTED), COMPLETE, NOT_DEGRADED),
+            ((False, ConditionReason.UNSUPPORTED), COMPLETE, NOT_DEGRADED),
         ),
         id="a requested address outside every pool is unsupported, never swapped for another",
     ),
@@ -136,7 +142,7 @@ CASES = [
             req(),
             failed(R.INVALID_ANNOTATION),
             frozenset(),
-            ((False, Reason.UNSUPPORTED), COMPLETE, NOT_DEGRADED),
+            ((False, ConditionReason.UNSUPPORTED), COMPLETE, NOT_DEGRADED),
         ),
         id="an invalid annotation is unsupported",
     ),
@@ -145,7 +151,7 @@ CASES = [
             req(),
             failed(R.POOL_EXHAUSTED, "pool default is full"),
             frozenset(),
-            ((False, Reason.INFRASTRUCTURE), COMPLETE, NOT_DEGRADED),
+            ((False, ConditionReason.INFRASTRUCTURE), COMPLETE, NOT_DEGRADED),
             "pool default is full",
         ),
         id="an exhausted pool is an infrastructure problem",
@@ -155,16 +161,16 @@ CASES = [
             req(),
             failed(R.REQUESTED_IP_IN_USE),
             frozenset(),
-            ((False, Reason.INFRASTRUCTURE), COMPLETE, NOT_DEGRADED),
+            ((False, ConditionReason.INFRASTRUCTURE), COMPLETE, NOT_DEGRADED),
         ),
         id="a requested address in use is an infrastructure problem",
     ),
     pytest.param(
         Case(
-            req(ports=frozenset({PortKey(Protocol.SCTP, 9), PortKey(Protocol.TCP, 80)})),
+            req(ports=frozenset({ProtocolPort(Protocol.SCTP, 9), ProtocolPort(Protocol.TCP, 80)})),
             ok(V4),
             frozenset({V4}),
-            (SERVING, COMPLETE, (True, Reason.PORTS_NOT_SUPPORTED)),
+            (SERVING, COMPLETE, (True, ConditionReason.PORTS_NOT_SUPPORTED)),
             "SCTP/9",
             unsupported_protocols=frozenset({Protocol.SCTP}),
         ),
@@ -173,12 +179,12 @@ CASES = [
     pytest.param(
         Case(
             req(
-                ports=frozenset({PortKey(Protocol.SCTP, 9)}),
+                ports=frozenset({ProtocolPort(Protocol.SCTP, 9)}),
                 required_features=("Ports",),
             ),
             ok(V4),
             frozenset({V4}),
-            ((False, Reason.UNSUPPORTED), COMPLETE, NOT_DEGRADED),
+            ((False, ConditionReason.UNSUPPORTED), COMPLETE, NOT_DEGRADED),
             "SCTP/9",
             unsupported_protocols=frozenset({Protocol.SCTP}),
         ),
@@ -189,7 +195,7 @@ CASES = [
             req(session_affinity=True, local_policy=True),
             ok(V4),
             frozenset({V4}),
-            (SERVING, COMPLETE, (True, Reason.MULTIPLE)),
+            (SERVING, COMPLETE, (True, ConditionReason.MULTIPLE)),
             "SessionAffinity",
             unsupported_features=frozenset(
                 {Feature.SESSION_AFFINITY, Feature.EXTERNAL_TRAFFIC_POLICY}
@@ -211,7 +217,7 @@ CASES = [
             req(required_features=("Teleport",)),
             ok(V4),
             frozenset({V4}),
-            ((False, Reason.UNSUPPORTED), COMPLETE, NOT_DEGRADED),
+            ((False, ConditionReason.UNSUPPORTED), COMPLETE, NOT_DEGRADED),
             "Teleport",
         ),
         id="an unknown required feature is refused",
@@ -266,9 +272,11 @@ def test_services_that_are_not_ours_get_no_conditions() -> None:
 
 T0 = datetime.datetime(2026, 12, 1, 1, 0, 0, tzinfo=datetime.UTC)
 T1 = T0 + datetime.timedelta(minutes=5)
-SERVING_TRUE = Condition(ConditionType.SERVING, True, Reason.SERVING, "serving on 198.18.0.1")
-SERVING_FALSE = Condition(ConditionType.SERVING, False, Reason.PROVISIONING, "waiting")
-PROV_DONE = Condition(ConditionType.PROVISIONING, False, Reason.COMPLETE, "done")
+SERVING_TRUE = Condition(
+    ConditionType.SERVING, True, ConditionReason.SERVING, "serving on 198.18.0.1"
+)
+SERVING_FALSE = Condition(ConditionType.SERVING, False, ConditionReason.PROVISIONING, "waiting")
+PROV_DONE = Condition(ConditionType.PROVISIONING, False, ConditionReason.COMPLETE, "done")
 FOREIGN = {"type": "example.com/Other", "status": "True", "lastTransitionTime": "x"}
 
 
@@ -293,7 +301,7 @@ def test_merge_keeps_transition_time_when_status_is_unchanged_and_sets_generatio
             "observedGeneration": 3,
         },
     ]
-    reworded = Condition(ConditionType.PROVISIONING, False, Reason.COMPLETE, "still done")
+    reworded = Condition(ConditionType.PROVISIONING, False, ConditionReason.COMPLETE, "still done")
     second = merge_conditions(first, [SERVING_TRUE, reworded], now=T1, generation=4)
     by_type = {c["type"]: c for c in second}
     assert by_type["LoadBalancerServing"]["lastTransitionTime"] == "2026-12-01T01:05:00Z"

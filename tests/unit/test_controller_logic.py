@@ -13,8 +13,8 @@ from agent.controller.allocator import Allocator
 from agent.controller.leader import (
     ElectionTiming,
     LeaseRecord,
+    LeaseVerdict,
     Observation,
-    Verdict,
     decide,
     observe,
     record_from_raw,
@@ -40,25 +40,25 @@ def record(holder: str, rv: str = "1", duration: int = 15) -> LeaseRecord:
 class ElectionCase:
     observation: Observation | None
     now: float
-    verdict: Verdict
+    verdict: LeaseVerdict
 
 
 ELECTION_CASES = [
-    pytest.param(ElectionCase(None, 0.0, Verdict.CREATE), id="no Lease yet: create it"),
+    pytest.param(ElectionCase(None, 0.0, LeaseVerdict.CREATE), id="no Lease yet: create it"),
     pytest.param(
-        ElectionCase(Observation(record("me"), 0.0), 100.0, Verdict.RENEW),
+        ElectionCase(Observation(record("me"), 0.0), 100.0, LeaseVerdict.RENEW),
         id="our own Lease is renewed however old it looks",
     ),
     pytest.param(
-        ElectionCase(Observation(record("other"), 10.0), 24.9, Verdict.WAIT),
+        ElectionCase(Observation(record("other"), 10.0), 24.9, LeaseVerdict.WAIT),
         id="another holder seen changing 14.9 s ago with a 15 s lease: wait",
     ),
     pytest.param(
-        ElectionCase(Observation(record("other"), 10.0), 25.0, Verdict.ACQUIRE),
+        ElectionCase(Observation(record("other"), 10.0), 25.0, LeaseVerdict.ACQUIRE),
         id="another holder silent for the whole lease duration: take over",
     ),
     pytest.param(
-        ElectionCase(Observation(record(""), 10.0), 10.0, Verdict.ACQUIRE),
+        ElectionCase(Observation(record(""), 10.0), 10.0, LeaseVerdict.ACQUIRE),
         id="a released Lease (no holder) is taken at once",
     ),
 ]
@@ -68,7 +68,7 @@ ELECTION_CASES = [
 def test_decide(case: ElectionCase) -> None:
     decision = decide(me="me", observation=case.observation, now=case.now, wall=WALL, duration=15)
     assert decision.verdict is case.verdict
-    if case.verdict is Verdict.WAIT:
+    if case.verdict is LeaseVerdict.WAIT:
         assert decision.spec is None
     else:
         assert decision.spec is not None

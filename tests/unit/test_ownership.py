@@ -28,8 +28,8 @@ from agent.announce.ownership import (
     NodeSelector,
     NodeState,
     OwnershipConfig,
+    OwnershipReason,
     Plan,
-    Reason,
     Requirement,
     SelectorOperator,
     ServiceUse,
@@ -45,7 +45,7 @@ from agent.announce.ownership import (
 )
 from agent.model.net import IPAddress, IPFamily
 
-R = Reason
+R = OwnershipReason
 V4 = ipaddress.IPv4Address("198.19.0.10")
 V4B = ipaddress.IPv4Address("198.19.0.11")
 V4C = ipaddress.IPv4Address("198.19.0.12")
@@ -72,9 +72,9 @@ def use(ip: IPAddress, *services: ServiceUse) -> IPUse:
 
 @dataclass(frozen=True)
 class Expect:
-    reason: Reason
+    reason: OwnershipReason
     eligible: frozenset[str]
-    ineligible: frozenset[tuple[str, Reason]] = frozenset()
+    ineligible: frozenset[tuple[str, OwnershipReason]] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def names(*n: str) -> frozenset[str]:
     return frozenset(n)
 
 
-def bad(*pairs: tuple[str, Reason]) -> frozenset[tuple[str, Reason]]:
+def bad(*pairs: tuple[str, OwnershipReason]) -> frozenset[tuple[str, OwnershipReason]]:
     return frozenset(pairs)
 
 

@@ -26,10 +26,10 @@ from agent.model.net import IPAddress, IPFamily, Protocol
 from agent.node.status_document import (
     FrontendStatus,
     LastSync,
-    Status,
+    LastSyncResult,
+    StatusDocument,
     StatusFormatError,
     SyncKind,
-    SyncResult,
     VrrpInstanceStatus,
     VrrpState,
     parse_status,
@@ -177,7 +177,7 @@ def test_the_fixture_renders_as_the_golden_table() -> None:
 
 def test_an_agent_that_never_synced_renders_empty_sections() -> None:
     status = parse_status(FRESH_AGENT)
-    assert status.last_sync.result is SyncResult.NEVER
+    assert status.last_sync.result is LastSyncResult.NEVER
     assert render_table(status) == FRESH_GOLDEN
 
 
@@ -254,8 +254,8 @@ def vrrp_instances(draw: st.DrawFn) -> VrrpInstanceStatus:
 
 @st.composite
 def last_syncs(draw: st.DrawFn) -> LastSync:
-    result = draw(st.sampled_from(SyncResult))
-    never = result is SyncResult.NEVER
+    result = draw(st.sampled_from(LastSyncResult))
+    never = result is LastSyncResult.NEVER
     return LastSync(
         time=None if never else draw(TIMES),
         result=result,
@@ -268,7 +268,7 @@ def last_syncs(draw: st.DrawFn) -> LastSync:
 # Node names and Service keys are Kubernetes names: no spaces or control characters.
 NAMES = st.text("abcdefghijklmnopqrstuvwxyz0123456789-.", min_size=1, max_size=20)
 STATUSES = st.builds(
-    Status,
+    StatusDocument,
     node=NAMES,
     time=TIMES,
     last_sync=last_syncs(),
@@ -291,7 +291,7 @@ STATUSES = st.builds(
 
 @settings(max_examples=200, deadline=None)
 @given(STATUSES)
-def test_any_valid_status_survives_json_and_renders_every_row(status: Status) -> None:
+def test_any_valid_status_survives_json_and_renders_every_row(status: StatusDocument) -> None:
     text = to_json(status)
     back = parse_status(json.loads(text))
     assert back == status

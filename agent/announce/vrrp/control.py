@@ -46,7 +46,7 @@ class Transition:
 
 
 @dataclass(frozen=True, slots=True)
-class Status:
+class SpeakerStatus:
     """A speaker's snapshot. `state` is starting | running | stopped; counters are totals.
 
     `dropped` and `gratuitous` are ((family, reason or kind), count) pairs, sorted; `held`
@@ -82,15 +82,15 @@ class Status:
         return dict(self.dropped).get((family, reason), 0)
 
 
-def parse_status(raw: dict[str, Any]) -> Status:
-    """Return the Status in a speaker's JSON snapshot; raises KeyError/ValueError if malformed."""
+def parse_status(raw: dict[str, Any]) -> SpeakerStatus:
+    """Return the status in a speaker's JSON snapshot; raises KeyError/ValueError if malformed."""
 
     def pairs(table: dict[str, dict[str, int]]) -> tuple[tuple[tuple[int, str], int], ...]:
         return tuple(
             sorted(((int(f), str(k)), int(n)) for f, c in table.items() for k, n in c.items())
         )
 
-    return Status(
+    return SpeakerStatus(
         pid=int(raw["pid"]),
         seq=int(raw["seq"]),
         time_us=int(raw["time_us"]),
@@ -133,7 +133,7 @@ def parse_status(raw: dict[str, Any]) -> Status:
     )
 
 
-def read_status(path: Path) -> Status | None:
+def read_status(path: Path) -> SpeakerStatus | None:
     """Return the snapshot in `path`, None when the speaker has not written one yet."""
     try:
         text = path.read_text()

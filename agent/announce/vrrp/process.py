@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from agent.announce.vrrp.config import SpeakerConfig, to_json
-from agent.announce.vrrp.control import Status, read_status
+from agent.announce.vrrp.control import SpeakerStatus, read_status
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -148,7 +148,7 @@ class SpeakerProcess:
         self._stdin.write(json.dumps(message).encode() + b"\n")
         self._stdin.flush()
 
-    def status(self) -> Status | None:
+    def status(self) -> SpeakerStatus | None:
         """Return the child's latest snapshot, None before it wrote its first one."""
         if self._workdir is None:
             return None

@@ -632,7 +632,7 @@ class Speaker:
     # -- status -------------------------------------------------------------------------------
 
     def status(self, now: int) -> dict[str, Any]:
-        """Return the JSON status snapshot (control.Status reads it)."""
+        """Return the JSON status snapshot (control.SpeakerStatus reads it)."""
         return {
             "pid": os.getpid(),
             "seq": self._status_seq,
