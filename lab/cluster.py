@@ -1,4 +1,4 @@
-"""A lab cluster: the netns lab plus a real control plane, LabNode objects, pod servers, real
+"""A lab cluster: the netns lab plus a real control plane, Node objects, pod servers, real
 kube-proxy (nftables mode) and `nodelb agent` in every node namespace.
 
 Used by the e2e tests and by `nodelb lab up`. `ClusterLab(spec, workdir)` does no work;
@@ -351,13 +351,13 @@ class ClusterLab(UpDown):
     # -- Nodes -------------------------------------------------------------------------------
 
     def register_nodes(self) -> None:
-        """Create a LabNode per lab node (labels, podCIDRs) and write its status (addresses,
+        """Create a Node per lab node (labels, podCIDRs) and write its status (addresses,
         Ready=True) through the status subresource, as the kubelet would."""
         core = self.core
         for node in self.nodes:
             body: Any = {
                 "apiVersion": "v1",
-                "kind": "LabNode",
+                "kind": "Node",
                 "metadata": {
                     "name": node.name,
                     "labels": {ZONE_LABEL: node.zone, HOSTNAME_LABEL: node.name},
