@@ -256,7 +256,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     """Remove the nodelb table from this network namespace (no other table is touched)."""
-    LibNftRunner().run(render_cleanup().text())
+    LibNftRunner().run(render_cleanup())
     print("removed table inet nodelb (if it existed)")
     return 0
 

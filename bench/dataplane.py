@@ -44,11 +44,12 @@ from typing import Any
 
 from agent.dataplane.applier import Dataplane, SyncMode
 from agent.dataplane.libnft import NetnsNftRunner, NftError, netns_inode, root_netns_inodes
-from agent.dataplane.netlink import ElementOp, ElementSender, NetlinkElementSender
+from agent.dataplane.netlink import ElementSender, NetlinkElementSender
 from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey
 from agent.model.net import Protocol
 from bench.measure import percentile, proc_mem_mb
 from lab import netns
+from rules.netlink import ElementOp
 from rules.render import render
 
 REF_TABLE = "inet kpref"
@@ -198,7 +199,7 @@ def measure(runner: NetnsNftRunner, services: int, endpoints: int, changes: int)
     state = build_state(services, endpoints)
     dp = Dataplane(runner)
     dp.cleanup()
-    runner.run(f"add table {REF_TABLE}\ndelete table {REF_TABLE}\n")
+    runner.run_text(f"add table {REF_TABLE}\ndelete table {REF_TABLE}\n")
 
     render_s = _timed(lambda: render(state))
     t0 = time.perf_counter()
@@ -227,7 +228,7 @@ def measure(runner: NetnsNftRunner, services: int, endpoints: int, changes: int)
     _reset_peak_rss()
     rng = random.Random(services)
     text = kube_proxy_shape(state)
-    ref_full_s = _timed(lambda: runner.run(text))
+    ref_full_s = _timed(lambda: runner.run_text(text))
     ref_lat: list[float] = []
     cur = state
     index = {k: i for i, k in enumerate(state.frontends)}
@@ -235,9 +236,9 @@ def measure(runner: NetnsNftRunner, services: int, endpoints: int, changes: int)
         nxt, idx = changed(cur, rng, n)
         key = list(cur.frontends)[idx]
         change = kube_proxy_change(index[key], cur.frontends[key], nxt.frontends[key])
-        ref_lat.append(_timed(lambda change=change: runner.run(change)))  # type: ignore[misc]
+        ref_lat.append(_timed(lambda change=change: runner.run_text(change)))  # type: ignore[misc]
         cur = nxt
-    runner.run(f"delete table {REF_TABLE}\n")
+    runner.run_text(f"delete table {REF_TABLE}\n")
 
     return Figures(
         services=services,
@@ -294,10 +295,10 @@ def measure_foreign(
     switch = _Switch(sender)
     dp = Dataplane(runner, elements=switch)
     dp.cleanup()
-    runner.run(f"add table {REF_TABLE}\ndelete table {REF_TABLE}\n")
+    runner.run_text(f"add table {REF_TABLE}\ndelete table {REF_TABLE}\n")
     res = dp.sync(state)
     assert res.ok and res.mode is SyncMode.FULL, res.error
-    load_s = _timed(lambda: runner.run(kube_proxy_shape(state)))
+    load_s = _timed(lambda: runner.run_text(kube_proxy_shape(state)))
     slow: list[float] = []
     fast: list[float] = []
     cur = state
@@ -316,7 +317,7 @@ def measure_foreign(
             cur = nxt
     finally:
         quiet.setLevel(level)
-    runner.run(f"delete table {REF_TABLE}\n")
+    runner.run_text(f"delete table {REF_TABLE}\n")
     dp.cleanup()
     assert dp.fast_applied == changes and dp.fast_fallbacks == changes
     return ForeignFigures(

@@ -28,11 +28,11 @@ from rules.plan import (
     node_elements,
 )
 from rules.render import KernelObjects, element_ops
-from rules.transaction import Op, Transaction
+from rules.transaction import Chain, Item, Map, Op, Transaction
 
 __all__ = ["RenderError", "changed_keys", "delta"]
 
-Pairs = dict[str, list[tuple[str, str | None]]]
+Pairs = dict[str, list[Item]]
 
 
 def changed_keys(
@@ -180,6 +180,6 @@ def _unused_dispatch(gone: set[DispatchKey], new: DesiredState, emitter: Emitter
     ops: list[Op] = []
     if gone:
         for k in sorted(gone - _used(gone, new, emitter)):
-            ops.append(Op("delete", f"chain {L.TABLE} {L.dispatch_chain(*k)}"))
-            ops.append(Op("delete", f"map {L.TABLE} {L.backend_map(*k)}"))
+            ops.append(Op("delete", Chain(L.dispatch_chain(*k))))
+            ops.append(Op("delete", Map(L.backend_map(*k))))
     return ops

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from agent.model.desired_state import DesiredState, Endpoint, Frontend
 from agent.model.net import IPAddress, IPNetwork, Protocol
 from rules import layout as L
-from rules.transaction import Op
+from rules.transaction import Atoms, Chain, Item, Map, Op, Rule, Set, Verdict
 
-_T = L.TABLE
 _MAX_MARK = 0xFFFFFFFF
 
 
@@ -58,12 +57,10 @@ DispatchKey = tuple[L.DispatchKind, int, int]
 class Contributions:
     """Accumulated output of `emit`: elements per map/set name, dispatch keys, affinity units.
 
-    `elements[name]` holds (key, value) pairs; value is None for plain sets.
+    `elements[name]` holds (key, value) items; value is None for plain sets.
     """
 
-    elements: defaultdict[str, list[tuple[str, str | None]]] = field(
-        default_factory=lambda: defaultdict(list)
-    )
+    elements: defaultdict[str, list[Item]] = field(default_factory=lambda: defaultdict(list))
     dispatch: set[DispatchKey] = field(default_factory=set)
     units: dict[str, Unit] = field(default_factory=dict)
 
@@ -73,6 +70,10 @@ _IDX = tuple(str(i) for i in range(4096))
 
 def _idx(i: int) -> str:
     return _IDX[i] if i < len(_IDX) else str(i)
+
+
+def _port(p: int) -> str:
+    return _IDX[p] if p < len(_IDX) else str(p)
 
 
 def _check_port(service: str, what: str, port: int) -> None:
@@ -139,56 +140,52 @@ def _h(*parts: object) -> str:
 
 
 def _affinity_units(
-    fe: Frontend, key: str, *, variant: str, eps: tuple[Backend, ...], masq: bool, mark: int
+    fe: Frontend, key: Atoms, *, variant: str, eps: tuple[Backend, ...], masq: bool, mark: int
 ) -> tuple[str, list[Unit]]:
-    """Return the service-chain name and every object of one affinity path (kube-proxy shape)."""
+    """Return the service-chain name and every object of one affinity path (kube-proxy shape).
+
+    Names are content hashes of the frontend key's text, the variant, the timeout and the
+    endpoints, so an object that exists is never changed (a change is a new name).
+    """
     fam = fe.key.ip.version
     ip = L.IP[fam]
     timeout = fe.affinity_timeout
     proto = fe.key.protocol.value
+    key_text = " . ".join(key)
     units: list[Unit] = []
     ep_chains: list[tuple[str, str]] = []
     for addr, port in eps:
-        eid = _h(key, variant, timeout, addr, port)
+        eid = _h(key_text, variant, timeout, addr, port)
         set_name = f"{L.AFF_SET}{fam}_{eid}"
         chain = f"{L.AFF_ENDPOINT}{fam}_{eid}"
         target = f"{addr}:{port}" if fam == 4 else f"[{addr}]:{port}"
-        units.append(
-            Unit(
-                set_name,
-                0,
-                (
-                    Op(
-                        "add",
-                        f"set {_T} {set_name} {{ type {L.ADDR_TYPE[fam]} ; "
-                        f"flags dynamic,timeout ; timeout {timeout}s ; }}",
-                    ),
-                ),
-                Op("delete", f"set {_T} {set_name}"),
-            )
-        )
+        aff_set = Set(set_name, L.ADDR_TYPE[fam], flags=("dynamic", "timeout"), timeout=timeout)
+        units.append(Unit(set_name, 0, (Op("add", aff_set),), Op("delete", Set(set_name))))
         units.append(
             Unit(
                 chain,
                 1,
                 (
-                    Op("add", f"chain {_T} {chain}"),
-                    Op("add", f"rule {_T} {chain} update @{set_name} {{ {ip} saddr }}"),
-                    Op("add", f"rule {_T} {chain} meta l4proto {proto} dnat {ip} to {target}"),
+                    Op("add", Chain(chain)),
+                    Op("add", Rule(chain, f"update @{set_name} {{ {ip} saddr }}")),
+                    Op("add", Rule(chain, f"meta l4proto {proto} dnat {ip} to {target}")),
                 ),
-                Op("delete", f"chain {_T} {chain}"),
+                Op("delete", Chain(chain)),
             )
         )
         ep_chains.append((set_name, chain))
-    svc = f"{L.AFF_SERVICE}{fam}_{_h(key, variant, timeout, masq, *eps)}"
-    ops = [Op("add", f"chain {_T} {svc}")]
+    svc = f"{L.AFF_SERVICE}{fam}_{_h(key_text, variant, timeout, masq, *eps)}"
+    ops = [Op("add", Chain(svc))]
     if masq:
-        ops.append(Op("add", f"rule {_T} {svc} meta mark set meta mark | {mark:#x}"))
-    ops.extend(Op("add", f"rule {_T} {svc} {ip} saddr @{s} goto {c}") for s, c in ep_chains)
+        ops.append(Op("add", Rule(svc, f"meta mark set meta mark | {mark:#x}")))
+    ops.extend(Op("add", Rule(svc, f"{ip} saddr @{s} goto {c}")) for s, c in ep_chains)
     vmap = ", ".join(f"{i} : goto {c}" for i, (_, c) in enumerate(ep_chains))
-    ops.append(Op("add", f"rule {_T} {svc} numgen random mod {len(eps)} vmap {{ {vmap} }}"))
-    units.append(Unit(svc, 2, tuple(ops), Op("delete", f"chain {_T} {svc}")))
+    ops.append(Op("add", Rule(svc, f"numgen random mod {len(eps)} vmap {{ {vmap} }}")))
+    units.append(Unit(svc, 2, tuple(ops), Op("delete", Chain(svc))))
     return svc, units
+
+
+_ACCEPT = Verdict("accept")
 
 
 class Emitter:
@@ -203,10 +200,10 @@ class Emitter:
         self,
         acc: Contributions,
         fe: Frontend,
-        key: str,
+        key: Atoms,
         eps: tuple[Backend, ...],
         kind: L.DispatchKind,
-    ) -> str:
+    ) -> Verdict:
         """Add the backends of one traffic path; return the verdict that dispatches to them."""
         fam = fe.key.ip.version
         masq = kind != "epl"
@@ -217,21 +214,20 @@ class Emitter:
             )
             for u in units:
                 acc.units[u.name] = u
-            return "goto " + svc
+            return Verdict("goto", svc)
         n = len(eps)
         acc.dispatch.add((kind, fam, n))
-        prefix = key + " . "
         acc.elements[L.backend_map(kind, fam, n)].extend(
-            [(prefix + _idx(i), f"{a} . {p}") for i, (a, p) in enumerate(eps)]
+            [((*key, _idx(i)), (a, _port(p))) for i, (a, p) in enumerate(eps)]
         )
-        return "goto " + L.dispatch_chain(kind, fam, n)
+        return Verdict("goto", L.dispatch_chain(kind, fam, n))
 
     def emit(self, acc: Contributions, fe: Frontend) -> None:
         """Validate `fe` and add everything it needs to `acc`; raise RenderError if invalid."""
         validate(fe)
         k = fe.key
         fam = 4 if type(k.ip) is ipaddress.IPv4Address else 6
-        key = f"{k.ip} . {k.protocol.value} . {k.port}"
+        key: Atoms = (str(k.ip), k.protocol.value, _port(k.port))
         ext = normalize_endpoints(fe, fe.endpoints)
         if fe.cluster_endpoints is fe.endpoints:
             cl = ext
@@ -253,14 +249,13 @@ class Emitter:
                 verdict = self._path(acc, fe, key, cl, "epc")
                 el[L.named(L.INT, fam)].append((key, verdict))
             elif ext:
-                el[L.named(L.INT, fam)].append((key, "accept"))  # no DNAT: rejected in filter
+                el[L.named(L.INT, fam)].append((key, _ACCEPT))  # no DNAT: rejected in filter
         if not int_eps or (not ext and not fe.local_only):
             el[L.named(L.NOEP, fam)].append((key, None))
         if fe.source_ranges:
             el[L.named(L.SRFE, fam)].append((key, None))
-            prefix = key + " . "
             el[L.named(L.SROK, fam)].extend(
-                [(prefix + n.with_prefixlen, None) for n in source_ranges(fe)]
+                [((*key, n.with_prefixlen), None) for n in source_ranges(fe)]
             )
 
     def dispatch_keys(self, fe: Frontend) -> set[DispatchKey]:
@@ -285,33 +280,40 @@ def dispatch_ops(key: DispatchKey, mark: int) -> list[Op]:
     ops = [
         Op(
             "add",
-            f"map {_T} {bmap} {{ typeof {ip} daddr . meta l4proto . th dport . "
-            f"numgen random mod 1 : {ip} daddr . th dport ; }}",
+            Map(
+                bmap,
+                f"{ip} daddr . meta l4proto . th dport . numgen random mod 1",
+                f"{ip} daddr . th dport",
+                typeof=True,
+            ),
         ),
-        Op("add", f"chain {_T} {chain}"),
+        Op("add", Chain(chain)),
     ]
     if kind != "epl":
-        ops.append(Op("add", f"rule {_T} {chain} meta mark set meta mark | {mark:#x}"))
+        ops.append(Op("add", Rule(chain, f"meta mark set meta mark | {mark:#x}")))
     ops.append(
         Op(
             "add",
-            f"rule {_T} {chain} dnat {ip} to {ip} daddr . meta l4proto . th dport . "
-            f"numgen random mod {n} map @{bmap}",
+            Rule(
+                chain,
+                f"dnat {ip} to {ip} daddr . meta l4proto . th dport . "
+                f"numgen random mod {n} map @{bmap}",
+            ),
         )
     )
     return ops
 
 
-def node_elements(desired: DesiredState) -> dict[str, list[tuple[str, str | None]]]:
+def node_elements(desired: DesiredState) -> dict[str, list[Item]]:
     """Return the held-IP and local-CIDR set elements of `desired`, per set name."""
-    out: dict[str, list[tuple[str, str | None]]] = {}
+    out: dict[str, list[Item]] = {}
     for fam in (4, 6):
         held = sorted((ip for ip in desired.held_ips if ip.version == fam), key=_addr_key)
         if held:
-            out[L.named(L.HELD, fam)] = [(str(ip), None) for ip in held]
+            out[L.named(L.HELD, fam)] = [((str(ip),), None) for ip in held]
         nets = collapse(n for n in desired.local_cidrs if n.version == fam)
         if nets:
-            out[L.named(L.LOCAL, fam)] = [(n.with_prefixlen, None) for n in nets]
+            out[L.named(L.LOCAL, fam)] = [((n.with_prefixlen,), None) for n in nets]
     return out
 
 

@@ -20,6 +20,7 @@ and rules, no set elements) into the `KernelObjects` a full render needs.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -28,8 +29,8 @@ from typing import Any
 from agent.model.desired_state import DesiredState
 from rules import layout as L
 from rules.plan import Contributions, Emitter, dispatch_ops, node_elements
-from rules.render import KernelObjects, base_chain_ops, hook_spec, skeleton_ops
-from rules.transaction import Op
+from rules.render import KernelObjects, base_chain_ops, priority_value, skeleton_ops
+from rules.transaction import Atoms, Chain, Item, Map, Op, Rule, Set
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,13 +98,19 @@ def _canon_atom(atom: str) -> str:
         return atom
 
 
-def _canon_text(text: str) -> str:
-    """Return a renderer-syntax element (`a . b . c` or `a . b : v`) in canonical form."""
-    key, sep, value = text.partition(" : ")
-    out = " . ".join(_canon_atom(a) for a in key.split(" . "))
-    if sep:
-        out += " : " + " . ".join(_canon_atom(a) for a in value.split(" . "))
-    return out
+def _canon_atoms(atoms: Atoms) -> str:
+    return " . ".join([_canon_atom(a) for a in atoms])
+
+
+def canonical_item(item: Item) -> str:
+    """Return a rendered element in the canonical text the read-backs produce: `key` or
+    `key : value`, every address atom in `ipaddress` form, a verdict as nft writes it."""
+    key, value = item
+    if value is None:
+        return _canon_atoms(key)
+    if isinstance(value, tuple):
+        return _canon_atoms(key) + " : " + _canon_atoms(value)
+    return _canon_atoms(key) + " : " + value.text()
 
 
 def _is_dynamic(name: str) -> bool:
@@ -115,15 +122,13 @@ def _structure(ops: Iterable[Op], sets: dict[str, frozenset[str]], chains: dict[
     for op in ops:
         if op.verb != "add":
             continue
-        kind, name = op.target(L.TABLE)
-        if not name:
-            continue
-        if kind in ("set", "map"):
-            sets.setdefault(name, frozenset())
-        elif kind == "chain":
-            chains.setdefault(name, 0)
-        elif kind == "rule":
-            chains[name] = chains.get(name, 0) + 1
+        obj = op.obj
+        if isinstance(obj, Set | Map):
+            sets.setdefault(obj.name, frozenset())
+        elif isinstance(obj, Chain):
+            chains.setdefault(obj.name, 0)
+        elif isinstance(obj, Rule):
+            chains[obj.chain] = chains.get(obj.chain, 0) + 1
 
 
 def expected(desired: DesiredState, *, mark: int = L.DEFAULT_MASQ_MARK) -> Snapshot:
@@ -143,12 +148,12 @@ def expected(desired: DesiredState, *, mark: int = L.DEFAULT_MASQ_MARK) -> Snaps
     for unit in acc.units.values():
         _structure(unit.add, sets, chains)
     _structure(base_chain_ops(mark), sets, chains)
-    elements: dict[str, list[tuple[str, str | None]]] = dict(acc.elements)
+    elements: dict[str, list[Item]] = dict(acc.elements)
     elements.update(node_elements(desired))
-    for name, pairs in elements.items():
+    for name, items in elements.items():
         if _is_dynamic(name):
             continue
-        sets[name] = frozenset(_canon_text(k if v is None else f"{k} : {v}") for k, v in pairs)
+        sets[name] = frozenset([canonical_item(item) for item in items])
     return Snapshot(present=True, sets=sets, chains=chains)
 
 
@@ -222,6 +227,22 @@ def from_json(nft_json: Mapping[str, Any] | None) -> Snapshot:
     return Snapshot(present=True, sets=sets, chains=chains)
 
 
+_HOOK = re.compile(
+    r"type (\w+) hook (\w+)(?: device \S+)? priority ([^;]+?)\s*;(?:\s*policy (\w+))?"
+)
+
+
+def listed_hook_spec(line: str) -> str:
+    """Return the canonical hook (rules.render.hook_spec's form) of a base chain's line in an
+    nft listing (`type nat hook prerouting priority dstnat - 10; policy accept;`), "" if none.
+    """
+    m = _HOOK.search(line)
+    if m is None:
+        return ""
+    kind, hook, prio, policy = m.groups()
+    return f"{kind} {hook} {priority_value(prio)} {policy or 'accept'}"
+
+
 def kernel_objects(text: str | None) -> KernelObjects | None:
     """Return the objects of a terse table listing (None when `text` is None: no table).
 
@@ -238,7 +259,7 @@ def kernel_objects(text: str | None) -> KernelObjects | None:
     for line in text.splitlines():
         if line.startswith("\t\t"):
             if chain is not None and chains[chain] == "" and line.lstrip().startswith("type "):
-                chains[chain] = hook_spec(line)
+                chains[chain] = listed_hook_spec(line)
             continue
         chain = None
         if not line.startswith("\t"):

@@ -19,7 +19,6 @@ away inside the same batch. Measured: that shape loses about one new UDP flow in
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -33,7 +32,19 @@ from rules.plan import (
     dispatch_ops,
     node_elements,
 )
-from rules.transaction import Op, Transaction, Verb
+from rules.transaction import (
+    Chain,
+    Elements,
+    Hook,
+    Item,
+    Map,
+    Op,
+    Rule,
+    Set,
+    Table,
+    Transaction,
+    Verb,
+)
 
 __all__ = [
     "KernelObjects",
@@ -56,7 +67,7 @@ class KernelObjects:
     current layout and mark). `chains` maps every chain name to its hook declaration
     (`hook_spec`), "" for a regular chain. `sets` maps every set and map name to "set" or
     "map". Plain data: the applier builds it from its own transactions (`objects_after`) or
-    from the kernel (`rules.readback.kernel_objects`).
+    from the kernel (agent/dataplane/netlink_dump.py, or `rules.readback.kernel_objects`).
     """
 
     comment: str = ""
@@ -64,13 +75,7 @@ class KernelObjects:
     sets: Mapping[str, str] = field(default_factory=dict)
 
 
-_HOOK = re.compile(
-    r"type (\w+) hook (\w+)(?: device \S+)? priority ([^;]+?)\s*;(?:\s*policy (\w+))?"
-)
-_COMMENT = re.compile(r'comment "([^"]*)"')
-
-
-def _priority(text: str) -> int | str:
+def priority_value(text: str) -> int | str:
     """Return a chain priority (`dstnat - 10`, `-110`, `srcnat`) as a number (text if unknown)."""
     parts = text.split()
     try:
@@ -85,18 +90,12 @@ def _priority(text: str) -> int | str:
         return text.strip()
 
 
-def hook_spec(declaration: str) -> str:
-    """Return the canonical hook of a chain declaration: `nat prerouting -110 accept`.
-
-    `declaration` is what follows the chain's name in an `add chain` command or a listing
-    line (`{ type nat hook prerouting priority dstnat - 10 ; policy accept ; }`); the result
-    is "" for a regular chain (no `type ... hook`).
-    """
-    m = _HOOK.search(declaration)
-    if m is None:
+def hook_spec(hook: Hook | None) -> str:
+    """Return the canonical form of a chain's hook, `nat prerouting -110 accept` ("" for a
+    regular chain): what the kernel reports back, whatever symbolic priority was written."""
+    if hook is None:
         return ""
-    kind, hook, prio, policy = m.groups()
-    return f"{kind} {hook} {_priority(prio)} {policy or 'accept'}"
+    return f"{hook.type} {hook.hook} {priority_value(hook.priority)} {hook.policy}"
 
 
 def objects_after(existing: KernelObjects | None, tx: Transaction) -> KernelObjects | None:
@@ -104,31 +103,26 @@ def objects_after(existing: KernelObjects | None, tx: Transaction) -> KernelObje
 
     None means no table (before and after). Only object commands count, not rules or elements.
     """
-    prefix = _T + " "
     comment = existing.comment if existing is not None else None
     chains = dict(existing.chains) if existing is not None else {}
     sets = dict(existing.sets) if existing is not None else {}
     for op in tx.ops:
-        kind, _, rest = op.obj.partition(" ")
-        if kind == "table":
+        obj = op.obj
+        if isinstance(obj, Table):
             if op.verb == "delete":
                 comment, chains, sets = None, {}, {}
             elif op.verb == "add" and comment is None:
-                m = _COMMENT.search(rest)
-                comment = m.group(1) if m else ""
-            continue
-        if kind not in ("chain", "set", "map") or not rest.startswith(prefix):
-            continue
-        name, _, decl = rest[len(prefix) :].partition(" ")
-        if kind == "chain":
+                comment = obj.comment or ""
+        elif isinstance(obj, Chain):
             if op.verb == "add":
-                chains.setdefault(name, hook_spec(decl))
+                chains.setdefault(obj.name, hook_spec(obj.hook))
             elif op.verb == "delete":
-                chains.pop(name, None)
-        elif op.verb == "add":
-            sets.setdefault(name, kind)
-        elif op.verb == "delete":
-            sets.pop(name, None)
+                chains.pop(obj.name, None)
+        elif isinstance(obj, Set | Map):
+            if op.verb == "add":
+                sets.setdefault(obj.name, "map" if isinstance(obj, Map) else "set")
+            elif op.verb == "delete":
+                sets.pop(obj.name, None)
     if comment is None:
         return None
     return KernelObjects(comment, chains, sets)
@@ -145,12 +139,11 @@ def _reusable(existing: KernelObjects, new: KernelObjects) -> bool:
 
 def render_cleanup() -> Transaction:
     """Return the transaction that removes the nodelb table, a no-op error-free if absent."""
-    return Transaction((Op("add", f"table {_T}"), Op("delete", f"table {_T}")))
+    return Transaction((Op("add", Table()), Op("delete", Table())))
 
 
 def _key_rule(chain: str, fam: int, tail: str) -> Op:
-    ip = L.IP[fam]
-    return Op("add", f"rule {_T} {chain} {ip} daddr . meta l4proto . th dport {tail}")
+    return Op("add", Rule(chain, f"{L.IP[fam]} daddr . meta l4proto . th dport {tail}"))
 
 
 def skeleton_ops(mark: int) -> list[Op]:
@@ -163,23 +156,20 @@ def skeleton_ops(mark: int) -> list[Op]:
     for fam in (4, 6):
         kt, at = L.KEY_TYPE[fam], L.ADDR_TYPE[fam]
         ops += [
-            Op("add", f"map {_T} {L.named(L.EXT, fam)} {{ type {kt} : verdict ; }}"),
-            Op("add", f"map {_T} {L.named(L.INT, fam)} {{ type {kt} : verdict ; }}"),
-            Op("add", f"set {_T} {L.named(L.NOEP, fam)} {{ type {kt} ; }}"),
-            Op("add", f"set {_T} {L.named(L.DROP, fam)} {{ type {kt} ; }}"),
-            Op("add", f"set {_T} {L.named(L.SRFE, fam)} {{ type {kt} ; }}"),
-            Op(
-                "add",
-                f"set {_T} {L.named(L.SROK, fam)} {{ type {kt} . {at} ; flags interval ; }}",
-            ),
-            Op("add", f"set {_T} {L.named(L.HELD, fam)} {{ type {at} ; }}"),
-            Op("add", f"set {_T} {L.named(L.LOCAL, fam)} {{ type {at} ; flags interval ; }}"),
+            Op("add", Map(L.named(L.EXT, fam), kt, "verdict")),
+            Op("add", Map(L.named(L.INT, fam), kt, "verdict")),
+            Op("add", Set(L.named(L.NOEP, fam), kt)),
+            Op("add", Set(L.named(L.DROP, fam), kt)),
+            Op("add", Set(L.named(L.SRFE, fam), kt)),
+            Op("add", Set(L.named(L.SROK, fam), f"{kt} . {at}", flags=("interval",))),
+            Op("add", Set(L.named(L.HELD, fam), at)),
+            Op("add", Set(L.named(L.LOCAL, fam), at, flags=("interval",))),
         ]
     ops += [
-        Op("add", f"chain {_T} {L.REJECT}"),
-        Op("add", f"rule {_T} {L.REJECT} meta l4proto tcp reject with tcp reset"),
-        Op("add", f"rule {_T} {L.REJECT} reject"),
-        Op("add", f"chain {_T} {L.NAT_INTERNAL}"),
+        Op("add", Chain(L.REJECT)),
+        Op("add", Rule(L.REJECT, "meta l4proto tcp reject with tcp reset")),
+        Op("add", Rule(L.REJECT, "reject")),
+        Op("add", Chain(L.NAT_INTERNAL)),
     ]
     return ops
 
@@ -192,16 +182,10 @@ def base_chain_ops(mark: int) -> list[Op]:
             ops.append(_key_rule(L.NAT_INTERNAL, fam, f"vmap @{L.named(base, fam)}"))
 
     def base_chain(name: str, kind: str, hook: str, prio: str) -> None:
-        ops.append(
-            Op(
-                "add",
-                f"chain {_T} {name} {{ type {kind} hook {hook} priority {prio} ; "
-                "policy accept ; }",
-            )
-        )
+        ops.append(Op("add", Chain(name, Hook(kind, hook, prio))))
 
     def rule(chain: str, text: str) -> None:
-        ops.append(Op("add", f"rule {_T} {chain} {text}"))
+        ops.append(Op("add", Rule(chain, text)))
 
     base_chain(L.NAT_PREROUTING, "nat", "prerouting", L.NAT_PRIORITY)
     for fam in (4, 6):
@@ -256,7 +240,7 @@ def base_chain_ops(mark: int) -> list[Op]:
 
 
 def element_ops(
-    verb: Verb, elements: dict[str, list[tuple[str, str | None]]], *, keys_only: bool = False
+    verb: Verb, elements: Mapping[str, list[Item]], *, keys_only: bool = False
 ) -> list[Op]:
     """Return one bulk `verb element` op per non-empty map/set, names in sorted order.
 
@@ -264,14 +248,12 @@ def element_ops(
     """
     ops: list[Op] = []
     for name in sorted(elements):
-        pairs = elements[name]
-        if not pairs:
+        items = elements[name]
+        if not items:
             continue
         if keys_only:
-            body = ", ".join([k for k, _ in pairs])
-        else:
-            body = ", ".join([k if v is None else k + " : " + v for k, v in pairs])
-        ops.append(Op(verb, f"element {_T} {name} {{ {body} }}"))
+            items = [(k, None) for k, _ in items]
+        ops.append(Op(verb, Elements(name, tuple(items))))
     return ops
 
 
@@ -301,7 +283,7 @@ def render(
         if k != fe.key:
             raise RenderError(fe.service, f"frontend {fe.key} is filed under key {k}")
         emitter.emit(acc, fe)
-    create = Op("add", f'table {_T} {{ comment "{L.table_comment(mark)}" ; }}')
+    create = Op("add", Table(L.table_comment(mark)))
     body = skeleton_ops(mark)
     for dkey in sorted(acc.dispatch):
         body += dispatch_ops(dkey, mark)
@@ -313,29 +295,29 @@ def render(
     new = objects_after(None, Transaction((create, *body)))
     assert new is not None
     if replace or (existing is not None and not _reusable(existing, new)):
-        ops = [Op("add", f"table {_T}"), Op("delete", f"table {_T}"), create, *body]
+        ops = [Op("add", Table()), Op("delete", Table()), create, *body]
         ops += element_ops("add", elements)
         return Transaction(tuple(ops))
     had_chains = existing.chains if existing is not None else {}
     had_sets = existing.sets if existing is not None else {}
     ops = [create]
     for op in body:
-        kind, name = op.target(_T)
+        kind, name = op.target()
         if name in had_chains and L.is_dispatch_object(name):
             continue  # kept as it is: its content is a function of its name (and the comment)
         ops.append(op)
         if op.verb != "add":
             continue
         if kind == "chain" and name in had_chains:
-            ops.append(Op("flush", f"chain {_T} {name}"))
-        elif kind in ("set", "map") and name in had_sets and not name.startswith(L.AFF_SET):
-            ops.append(Op("flush", f"{kind} {_T} {name}"))  # affinity sets keep their clients
+            ops.append(Op("flush", Chain(name)))
+        elif isinstance(op.obj, Set | Map) and name in had_sets and not name.startswith(L.AFF_SET):
+            ops.append(Op("flush", type(op.obj)(name)))  # affinity sets keep their clients
     ops += element_ops("add", elements)
     stale_chains = sorted(n for n in had_chains if n not in new.chains)
-    ops += [Op("flush", f"chain {_T} {n}") for n in stale_chains]
-    ops += [Op("delete", f"chain {_T} {n}") for n in stale_chains]
+    ops += [Op("flush", Chain(n)) for n in stale_chains]
+    ops += [Op("delete", Chain(n)) for n in stale_chains]
     ops += [
-        Op("delete", f"{kind} {_T} {name}")
+        Op("delete", Map(name) if kind == "map" else Set(name))
         for name, kind in sorted(had_sets.items())
         if name not in new.sets
     ]

@@ -18,12 +18,13 @@ resync. `check_drift` reads the table back, compares it with the mirror (rules/r
 and repairs any difference with a full resync. After a successful sync, stale UDP conntrack
 entries that point at removed endpoints are deleted (agent/dataplane/conntrack.py).
 
-With an ElementSender (dataplane/netlink.py), element-only partial syncs go out as one raw netlink
-batch, and an in-place full sync is split: objects and rules through libnftables, the
-content of every encodable set as one netlink batch (flushes and additions), then the stale
-objects' removal (`nftnl.split_full` says why each state in between is safe). libnftables
-would parse the 100k elements of a 10k-Service table into ~250 MB of heap; the batch costs
-a few MB. The table-replacing shape (after drift) stays one libnftables transaction.
+With an ElementSender (dataplane/netlink.py; the batch is encoded by rules/netlink.py from
+the typed ops), element-only partial syncs go out as one raw netlink batch, and an in-place
+full sync is split: objects and rules through libnftables, the content of every encodable set
+as one netlink batch (flushes and additions), then the stale objects' removal
+(`rules.netlink.split_full` says why each state in between is safe). libnftables would parse
+the 100k elements of a 10k-Service table into ~250 MB of heap; the batch costs a few MB. The
+table-replacing shape (after drift) stays one libnftables transaction.
 
 The applier only ever names its own table; it never flushes the ruleset.
 """
@@ -42,17 +43,11 @@ from agent.backoff import Backoff
 from agent.dataplane import metrics
 from agent.dataplane.conntrack import ConntrackRunner, delete_stale_udp, removed_udp_endpoints
 from agent.dataplane.libnft import NftError, NftRunner, release_memory
-from agent.dataplane.netlink import (
-    ElementBatch,
-    ElementSender,
-    FullSplit,
-    element_ops,
-    ops_summary,
-    split_full,
-)
+from agent.dataplane.netlink import ElementSender
 from agent.model.desired_state import DesiredState, FrontendKey
 from rules import layout as L
 from rules.delta import delta
+from rules.netlink import ElementBatch, FullSplit, element_ops, ops_summary, split_full
 from rules.plan import RenderError
 from rules.readback import Snapshot, expected, from_json, kernel_objects
 from rules.render import KernelObjects, objects_after, render, render_cleanup
@@ -104,21 +99,6 @@ class SyncResult:
     def ok(self) -> bool:
         """Return True when the kernel holds the requested state after this sync."""
         return self.outcome in (SyncOutcome.APPLIED, SyncOutcome.UNCHANGED)
-
-
-def _element_count(tx: Transaction) -> tuple[int, int]:
-    """Return (elements added, elements deleted) by the element ops of `tx`."""
-    added = deleted = 0
-    for op in tx.ops:
-        if not op.obj.startswith("element "):
-            continue
-        body = op.obj[op.obj.find("{") + 1 : op.obj.rfind("}")]
-        n = body.count(", ") + 1 if body.strip() else 0
-        if op.verb == "add":
-            added += n
-        elif op.verb == "delete":
-            deleted += n
-    return added, deleted
 
 
 class TableReader(Protocol):
@@ -283,7 +263,7 @@ class Dataplane:
             self._kernel = objects_after(self._kernel, tx)
             if mode is SyncMode.FULL:
                 self._replace_next = False
-            added, deleted = _element_count(tx)
+            added, deleted = tx.element_count()
             self._elements = added if mode is SyncMode.FULL else self._elements + added - deleted
             metrics.SYNC_DURATION.labels(mode=mode.value).observe(duration)
             metrics.PROGRAMMED_FRONTENDS.set(len(desired.frontends))
@@ -314,7 +294,7 @@ class Dataplane:
                 log.warning(
                     "netlink element batch (%s) failed, using nft: %s", ops_summary(ops), exc
                 )
-        self._runner.run(tx.text())
+        self._runner.run(tx)
 
     def _send_split(self, split: FullSplit, desired: DesiredState) -> None:
         """Apply a full in-place transaction as structure (libnftables), every element
@@ -326,7 +306,7 @@ class Dataplane:
         Raises NftError if the runner refuses.
         """
         assert self._fast is not None
-        self._runner.run(split.structure.text())
+        self._runner.run(split.structure)
         try:
             self._fast.apply(ElementBatch(split.elements))
         except NftError as exc:
@@ -334,11 +314,11 @@ class Dataplane:
             metrics.NFT_FAST_PATH_FALLBACKS.inc()
             log.warning("netlink full element batch failed, using nft: %s", exc)
             mid = objects_after(self._kernel, split.structure)
-            self._runner.run(render(desired, mark=self._mark, existing=mid).text())
+            self._runner.run(render(desired, mark=self._mark, existing=mid))
             return
         self.fast_applied += 1
         if split.cleanup.ops:
-            self._runner.run(split.cleanup.text())
+            self._runner.run(split.cleanup)
 
     def _failed(
         self, outcome: SyncOutcome, mode: SyncMode, start: float, ops: int, error: str
@@ -453,7 +433,7 @@ class Dataplane:
         Raises NftError if the kernel refuses (it does not when the table is already absent).
         """
         with self._lock:
-            self._runner.run(render_cleanup().text())
+            self._runner.run(render_cleanup())
             self._applied += 1
             self._mirror = None
             self._pending_hint = set()

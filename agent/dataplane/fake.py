@@ -20,10 +20,10 @@ import re
 from dataclasses import dataclass, field
 
 from rules.layout import TABLE
-from rules.transaction import Op, Transaction
+from rules.text import atoms_text, item_text, object_text
+from rules.transaction import Chain, Elements, Map, Op, Rule, Set, Table, Transaction, Verdict
 
 _REF = re.compile(r"(?:goto|jump) ([A-Za-z0-9_]+)|@([A-Za-z0-9_]+)")
-_COMMENT = re.compile(r'comment "([^"]*)"')
 
 
 class FakeError(Exception):
@@ -32,7 +32,11 @@ class FakeError(Exception):
 
 @dataclass
 class FakeTable:
-    """In-memory state of `inet nodelb`; `exists` is False until a table is added."""
+    """In-memory state of `inet nodelb`; `exists` is False until a table is added.
+
+    The state is kept as nft lists it (rule expressions, declarations and elements as text),
+    so snapshots compare with what the kernel shows; the ops themselves arrive typed.
+    """
 
     exists: bool = False
     comment: str = ""
@@ -57,41 +61,35 @@ class FakeTable:
         self.__dict__.update(work.__dict__)
 
     def _apply_op(self, op: Op) -> None:
-        kind, _, rest = op.obj.partition(" ")
-        if not rest.startswith(TABLE):
-            raise FakeError("wrong table")
-        rest = rest[len(TABLE) :].strip()
-        if kind == "table":
-            self._table(op.verb, rest)
+        obj = op.obj
+        if isinstance(obj, Table):
+            self._table(op.verb, obj)
             return
         if not self.exists:
             raise FakeError("no such table")
-        name, _, body = rest.partition(" ")
-        if kind == "chain":
-            self._chain(op.verb, name, body)
-        elif kind == "rule":
-            if op.verb != "add" or name not in self.chains:
+        if isinstance(obj, Chain):
+            self._chain(op.verb, obj.name, _spec(op))
+        elif isinstance(obj, Rule):
+            if op.verb != "add" or obj.chain not in self.chains:
                 raise FakeError("bad rule command or no such chain")
-            self._check_refs(body)
-            for ref in _refs(body):
+            self._check_refs(obj.expr)
+            for ref in _refs(obj.expr):
                 spec = self.set_specs.get(ref, "")
                 if "th dport" in spec.partition(":")[2] and ref not in self._fresh:
                     raise FakeError(
                         f"nft 1.0.6: conflicting protocols specified: ip vs. th ({ref})"
                     )
-            self.chains[name].append(body)
-        elif kind in ("set", "map"):
-            self._set(op.verb, name, f"{kind} {body}")
-        elif kind == "element":
-            self._element(op.verb, name, body)
+            self.chains[obj.chain].append(obj.expr)
+        elif isinstance(obj, Set | Map):
+            kind = "map" if isinstance(obj, Map) else "set"
+            self._set(op.verb, obj.name, kind, f"{kind} {_spec(op)}")
         else:
-            raise FakeError(f"unknown object {kind}")
+            self._element(op.verb, obj)
 
-    def _table(self, verb: str, body: str) -> None:
+    def _table(self, verb: str, obj: Table) -> None:
         if verb == "add":
             if not self.exists:
-                m = _COMMENT.search(body)
-                self.comment = m.group(1) if m else ""
+                self.comment = obj.comment or ""
             self.exists = True
         elif verb == "flush":
             if not self.exists:
@@ -126,7 +124,7 @@ class FakeTable:
             del self.chains[name]
             del self.chain_specs[name]
 
-    def _set(self, verb: str, name: str, spec: str) -> None:
+    def _set(self, verb: str, name: str, kind: str, spec: str) -> None:
         if verb == "add":
             if name in self.set_specs:
                 if spec != self.set_specs[name]:
@@ -146,29 +144,34 @@ class FakeTable:
         elif verb == "flush":
             if name not in self.set_specs:
                 raise FakeError("no such set")
-            if not self.set_specs[name].startswith(spec.split(" ", 1)[0]):
+            if not self.set_specs[name].startswith(kind):
                 raise FakeError("flush of a set as a map or of a map as a set")
             self.elements[name] = {}
         else:
             raise FakeError(f"set {verb}")
 
-    def _element(self, verb: str, name: str, body: str) -> None:
+    def _element(self, verb: str, obj: Elements) -> None:
+        name = obj.set
         if name not in self.elements:
             raise FakeError("no such set or map")
-        if not (body.startswith("{ ") and body.endswith(" }")):
-            raise FakeError("malformed element list")
+        if not obj.items:
+            raise FakeError("empty element list")
         is_map = self.set_specs[name].startswith("map")
         elems = self.elements[name]
-        for item in body[2:-2].split(", "):
-            key, sep, value = item.partition(" : ")
+        for item in obj.items:
+            key_atoms, value = item
+            key = atoms_text(key_atoms)
             if verb == "add":
-                if is_map != bool(sep):
-                    raise FakeError(f"element {item!r} does not fit {name}")
+                if is_map != (value is not None):
+                    raise FakeError(f"element {item_text(item)!r} does not fit {name}")
                 if key in elems:
                     raise FakeError(f"element {key!r} already in {name}")
-                if sep:
-                    self._check_refs(value)
-                elems[key] = value if sep else None
+                if isinstance(value, Verdict) and value.chain not in (None, *self.chains):
+                    raise FakeError(f"no such chain {value.chain}")
+                if value is None:
+                    elems[key] = None
+                else:
+                    elems[key] = atoms_text(value) if isinstance(value, tuple) else value.text()
             elif verb == "delete":
                 if key not in elems:
                     raise FakeError(f"element {key!r} not in {name}")
@@ -231,6 +234,14 @@ class FakeTable:
             lines.append("\t}")
         lines.append("}")
         return "\n".join(lines) + "\n"
+
+
+def _spec(op: Op) -> str:
+    """Return what follows an object's name in its command: a chain's hook block, a set's or
+    map's declaration ("" for a regular chain, and for every flush or delete)."""
+    kind, name = op.target()
+    text = object_text(op)
+    return text[len(f"{kind} {TABLE} {name}") :].strip()
 
 
 def _refs(text: str) -> set[str]:

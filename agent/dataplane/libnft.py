@@ -1,4 +1,4 @@
-"""The only code that talks to libnftables: run a transaction's text, read a table back as JSON.
+"""The only code that talks to libnftables: run a transaction, read a table back as JSON.
 
 libnftables (1.0.6) opens its netlink socket when the context is created (`nft_ctx_new`, i.e.
 `nftables.Nftables()`), and every later command goes through that socket, so a context is bound
@@ -26,6 +26,8 @@ from typing import Any, Protocol, cast
 import nftables
 import orjson
 
+from rules.transaction import Transaction
+
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")
 
@@ -39,10 +41,11 @@ class NftError(RuntimeError):
 
 
 class NftRunner(Protocol):
-    """Runs nft scripts and reads tables back, in one fixed network namespace."""
+    """Runs transactions and reads tables back, in one fixed network namespace."""
 
-    def run(self, text: str) -> None:
-        """Run `text` (what `nft -f` reads) as one atomic batch; raise NftError if refused."""
+    def run(self, tx: Transaction) -> None:
+        """Run `tx` (printed as `nft -f` reads it) as one atomic batch; raise NftError if
+        refused."""
         ...
 
     def list_table(self, family: str, name: str) -> dict[str, Any] | None:
@@ -125,8 +128,13 @@ class LibNftRunner:
         flag = "-j" if json_output else "-t"
         raise NftError(f"nft {flag} list table {family} {name} failed (rc={rc}): {err}", err)
 
-    def run(self, text: str) -> None:
-        """Run `text` as one batch; raise NftError with nft's error text if it is refused."""
+    def run(self, tx: Transaction) -> None:
+        """Run `tx` as one batch; raise NftError with nft's error text if it is refused."""
+        self.run_text(tx.text())
+
+    def run_text(self, text: str) -> None:
+        """Run an nft script (`nft -f` input, any table: tools and tests) as one batch; raise
+        NftError with nft's error text if it is refused."""
         with self._lock:
             rc, _out, err = self._nft.cmd(text)
             if len(text) >= TRIM_AFTER_BYTES:
@@ -208,8 +216,12 @@ class NetnsNftRunner:
         assert self._pool is not None
         return self._pool.submit(fn, *args).result()
 
-    def run(self, text: str) -> None:
-        """Run `text` inside the namespace as one batch; raise NftError if refused."""
+    def run(self, tx: Transaction) -> None:
+        """Run `tx` inside the namespace as one batch; raise NftError if refused."""
+        self._call(self._run, tx.text())
+
+    def run_text(self, text: str) -> None:
+        """Run an nft script inside the namespace as one batch; raise NftError if refused."""
         self._call(self._run, text)
 
     def list_table(self, family: str, name: str) -> dict[str, Any] | None:
@@ -226,7 +238,7 @@ class NetnsNftRunner:
 
     def _run(self, text: str) -> None:
         assert self._runner is not None
-        self._runner.run(text)
+        self._runner.run_text(text)
 
     def _list(self, family: str, name: str) -> dict[str, Any] | None:
         assert self._runner is not None

@@ -34,7 +34,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol, TypeVar
 
 from agent.dataplane.libnft import NftError
-from agent.dataplane.netlink import (
+from rules import layout as L
+from rules.netlink import (
     NFTA_DATA_VALUE,
     NFTA_DATA_VERDICT,
     NFTA_LIST_ELEM,
@@ -53,7 +54,6 @@ from agent.dataplane.netlink import (
     nla,
     set_shape,
 )
-from rules import layout as L
 from rules.readback import Snapshot
 from rules.render import KernelObjects
 

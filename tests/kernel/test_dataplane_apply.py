@@ -28,6 +28,7 @@ from lab.wait import wait_until
 from rules import layout as L
 from rules.readback import expected, from_json
 from rules.render import render
+from rules.transaction import Elements, Op, Table, Transaction
 from tests.unit.rules_states import eps, fe, state
 
 pytestmark = pytest.mark.kernel
@@ -54,15 +55,19 @@ def throwaway_netns(tag: str = "dp") -> Iterator[str]:
 
 
 class Recording:
-    """An NftRunner that records every transaction text it passes on."""
+    """An NftRunner that records the text of every transaction or script it passes on."""
 
-    def __init__(self, inner: nft.NftRunner) -> None:
+    def __init__(self, inner: nft.NetnsNftRunner) -> None:
         self.inner = inner
         self.texts: list[str] = []
 
-    def run(self, text: str) -> None:
+    def run(self, tx: Transaction) -> None:
+        self.texts.append(tx.text())
+        self.inner.run(tx)
+
+    def run_text(self, text: str) -> None:
         self.texts.append(text)
-        self.inner.run(text)
+        self.inner.run_text(text)
 
     def list_table(self, family: str, name: str) -> dict[str, Any] | None:
         return self.inner.list_table(family, name)
@@ -134,13 +139,13 @@ def nft_cli(ns: str, *args: str) -> str:
 
 
 def test_the_runner_programs_only_its_own_namespace(ns: str, runner: Recording) -> None:
-    runner.run(f"add table {L.TABLE}\n")
+    runner.run(Transaction((Op("add", Table()),)))
     assert "table inet nodelb" in nft_cli(ns, "list", "tables")
     with throwaway_netns("other") as other:
         assert nft_cli(other, "list", "tables") == ""
     assert runner.list_table("inet", "absent") is None
     with pytest.raises(NftError) as err:
-        runner.run("add chain inet absent c\n")
+        runner.run_text("add chain inet absent c\n")
     assert "No such file or directory" in err.value.text
 
 
@@ -152,7 +157,7 @@ def test_the_runner_refuses_a_namespace_that_is_a_root_one(
     r = NetnsNftRunner(ns)
     try:
         with pytest.raises(NftError, match="refusing"):
-            r.run(f"add table {L.TABLE}\n")
+            r.run(Transaction((Op("add", Table()),)))
     finally:
         r.close()
     assert nft_cli(ns, "list", "tables") == ""
@@ -189,10 +194,10 @@ class Faulty:
         self.inner = inner
         self.armed = False
 
-    def run(self, text: str) -> None:
+    def run(self, tx: Transaction) -> None:
         if self.armed:
-            text += f"add element {L.TABLE} no_such_map {{ 198.18.0.1 }}\n"
-        self.inner.run(text)
+            tx += Transaction((Op("add", Elements("no_such_map", ((("198.18.0.1",), None),))),))
+        self.inner.run(tx)
 
     def list_table(self, family: str, name: str) -> dict[str, Any] | None:
         return self.inner.list_table(family, name)
@@ -259,7 +264,7 @@ def test_drift_behind_the_appliers_back_is_detected_and_repaired(
 def test_cleanup_removes_the_table_and_leaves_another_table_alone(
     ns: str, runner: Recording
 ) -> None:
-    runner.run(OTHER_SETUP)
+    runner.run_text(OTHER_SETUP)
     other_before = nft_cli(ns, "-j", "list", "table", *OTHER.split())
     dp = Dataplane(runner)
     dp.sync(A)
@@ -278,7 +283,7 @@ def test_takeover_of_a_table_of_another_layout_replaces_it_in_one_transaction(
     ns: str, runner: Recording
 ) -> None:
     # An older agent's table (no layout comment), a map declared as a set, junk of its own.
-    runner.run(
+    runner.run_text(
         f"add table {L.TABLE}\n"
         f"add set {L.TABLE} ext4 {{ type ipv4_addr ; }}\n"
         f"add element {L.TABLE} ext4 {{ 198.18.0.250 }}\n"
@@ -307,7 +312,7 @@ def test_takeover_of_an_older_nodelb_table_with_th_dport_maps_replaces_them(
     """The previous layout declared backend maps `typeof ... th dport`, over which nft 1.0.6
     cannot add a rule in a later batch: the first full sync must replace them."""
     one = state([fe("198.18.0.200", endpoints=eps("198.19.1.5:80"))])
-    runner.run(
+    runner.run_text(
         render(one, replace=True)
         .text()
         .replace("tcp dport", "th dport")

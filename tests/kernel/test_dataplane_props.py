@@ -81,10 +81,10 @@ def test_full_then_delta_reads_back_like_a_full_render(
     runner: NetnsNftRunner, a: DesiredState, b: DesiredState
 ) -> None:
     full_a, step = render(a), delta(a, b)
-    runner.run(render_cleanup().text())
-    runner.run(full_a.text())
+    runner.run(render_cleanup())
+    runner.run(full_a)
     if step.ops:
-        runner.run(step.text())
+        runner.run(step)
     via_delta = _snapshot(runner)
     via_full = _full(runner, b)
     assert via_full.differences(via_delta) == []

@@ -22,7 +22,6 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from agent.dataplane import libnft as nft
-from agent.dataplane import netlink as nftnl
 from agent.dataplane import netlink_dump as nft_dump
 from agent.dataplane.applier import Dataplane, SyncMode, SyncOutcome
 from agent.dataplane.libnft import NetnsNftRunner, NftError
@@ -30,6 +29,7 @@ from agent.dataplane.netlink import NetlinkElementSender
 from agent.model.desired_state import DesiredState, Endpoint
 from lab import netns
 from rules import layout as L
+from rules import netlink as nftnl
 from rules.delta import delta
 from rules.readback import ABSENT, Snapshot, expected, from_json, kernel_objects
 from rules.render import objects_after, render, render_cleanup
@@ -104,15 +104,15 @@ def apply_both_ways(pair: tuple[Side, Side], old: DesiredState, new: DesiredStat
     and, when it is element-only, by netlink in the second. Return True if netlink was used."""
     lib, fast = pair
     for s in pair:
-        s.runner.run(render_cleanup().text())
-        s.runner.run(render(old).text())
+        s.runner.run(render_cleanup())
+        s.runner.run(render(old))
     tx = delta(old, new)
     if tx.ops:
-        lib.runner.run(tx.text())
+        lib.runner.run(tx)
     ops = nftnl.element_ops(tx)
     if ops is None:
         if tx.ops:
-            fast.runner.run(tx.text())
+            fast.runner.run(tx)
         return False
     fast.sender.apply(ops)
     return True
@@ -435,7 +435,7 @@ def test_a_split_full_sync_leaves_exactly_the_table_libnftables_leaves(
     pair: tuple[Side, Side], a: DesiredState, b: DesiredState
 ) -> None:
     for s in pair:
-        s.runner.run(render_cleanup().text())
+        s.runner.run(render_cleanup())
     dp = full_both_ways(pair, [a, b, a])
     assert dp.fast_fallbacks == 0
     # Every full sync of a state with elements in an encodable set went through netlink.
@@ -467,7 +467,7 @@ def test_a_large_full_sync_goes_as_one_batch_of_many_messages(pair: tuple[Side, 
     assert (dp.fast_applied, dp.fast_fallbacks) == (2, 0)
     split = nftnl.split_full(render(second))
     assert split is not None
-    batch = nftnl.encode_batch(nftnl.parse_elements(split.elements), 1)
+    batch = nftnl.encode_batch(nftnl.ElementBatch(split.elements), 1)
     assert len(batch.data) > 256 * 1024
     assert len(batch.acked) > 20
 
@@ -507,10 +507,10 @@ def test_the_netlink_read_back_equals_the_json_read_back(
     pair: tuple[Side, Side], desired: DesiredState
 ) -> None:
     _, s = pair
-    s.runner.run(render_cleanup().text())
+    s.runner.run(render_cleanup())
     assert nft_dump.read_snapshot(s.sender) == ABSENT
     assert nft_dump.read_objects(s.sender) is None
-    s.runner.run(render(desired).text())
+    s.runner.run(render(desired))
     by_netlink, by_json = _both_readbacks(s)
     assert by_netlink == by_json
     assert not expected(desired).differences(by_netlink)
@@ -521,7 +521,7 @@ def test_the_netlink_read_back_equals_the_json_read_back(
 
 def test_the_netlink_read_back_sees_tampering_as_the_json_one_does(pair: tuple[Side, Side]) -> None:
     _, s = pair
-    s.runner.run(render(BASE).text())
+    s.runner.run(render(BASE))
     assert _both_readbacks(s)[0] == expected(BASE)
     s.nft("delete", "element", "inet", "nodelb", "be4_2", "{ 198.18.0.200 . tcp . 80 . 1 }")
     s.nft("add", "element", "inet", "nodelb", "held4", "{ 198.18.0.99 }")
@@ -547,7 +547,7 @@ def test_the_netlink_read_back_sees_tampering_as_the_json_one_does(pair: tuple[S
 def test_the_netlink_read_back_reads_a_large_table_whole(pair: tuple[Side, Side]) -> None:
     _, s = pair
     big = _big(2500, 0)
-    s.runner.run(render(big).text())
+    s.runner.run(render(big))
     assert not expected(big).differences(nft_dump.read_snapshot(s.sender))
 
 

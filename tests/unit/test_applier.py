@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -22,7 +22,7 @@ from rules import layout as L
 from rules.delta import delta
 from rules.readback import expected, from_json, kernel_objects
 from rules.render import KernelObjects, objects_after, render
-from rules.transaction import Op, Transaction, Verb
+from rules.transaction import Chain, Op, Table, Transaction
 from tests.unit.rules_states import eps, fe, key, state
 
 
@@ -36,17 +36,13 @@ class FakeRunner:
         self.lists = 0
         self.terse_reads = 0
 
-    def run(self, text: str) -> None:
-        self.texts.append(text)
+    def run(self, tx: Transaction) -> None:
+        self.texts.append(tx.text())
         if self.fail_next:
             self.fail_next -= 1
             raise NftError("refused", "Error: Could not process rule: injected fault")
-        ops = []
-        for line in text.splitlines():
-            verb, _, obj = line.partition(" ")
-            ops.append(Op(cast(Verb, verb), obj))
         try:
-            self.table.apply(Transaction.of(ops))
+            self.table.apply(tx)
         except FakeError as exc:
             raise NftError(str(exc), str(exc)) from None
 
@@ -488,14 +484,20 @@ def test_a_table_of_another_layout_is_replaced_as_a_whole() -> None:
 
 
 def test_a_base_chain_with_another_priority_makes_the_full_sync_replace_the_table() -> None:
-    old = render(A).text().replace("priority dstnat - 10", "priority dstnat")
+    old = Transaction.of(
+        Op(op.verb, replace(op.obj, hook=replace(op.obj.hook, priority="dstnat")))
+        if isinstance(op.obj, Chain) and op.obj.hook is not None and op.obj.name == L.NAT_PREROUTING
+        else op
+        for op in render(A)
+    )
+    assert "priority dstnat ;" in old.text()
     objs = kernel_objects(applied(render(A)).terse())
     assert objs is not None and objs.chains[L.NAT_PREROUTING] == "nat prerouting -110 accept"
     runner = FakeRunner()
     runner.run(old)
     moved = kernel_objects(runner.table.terse())
     assert moved is not None and moved.chains[L.NAT_PREROUTING] == "nat prerouting -100 accept"
-    assert render(B, existing=moved).ops[1] == Op("delete", f"table {L.TABLE}")
+    assert render(B, existing=moved).ops[1] == Op("delete", Table())
     assert render(B, existing=objs).ops[1].verb == "add"  # rewritten in place
     runner.table.apply(render(B, existing=moved))
     assert runner.table.normalized() == applied(render(B)).normalized()
@@ -521,7 +523,7 @@ def test_objects_after_tracks_declarations_through_transactions() -> None:
     assert objs.chains[L.NAT_OUTPUT] == "nat output -110 accept"
     after = objects_after(objs, delta(A, B))
     assert after == objects_after(None, render(B))
-    assert objects_after(objs, Transaction.of([Op("delete", f"table {L.TABLE}")])) is None
+    assert objects_after(objs, Transaction.of([Op("delete", Table())])) is None
     assert kernel_objects(None) is None
     assert KernelObjects().comment == ""
 

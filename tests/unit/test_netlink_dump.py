@@ -8,12 +8,13 @@ import struct
 import pytest
 from hypothesis import given, settings
 
-from agent.dataplane import netlink as nftnl
 from agent.dataplane import netlink_dump as nft_dump
 from agent.dataplane.libnft import NftError
 from agent.model.desired_state import DesiredState
+from rules import netlink as nftnl
 from rules.readback import expected
 from rules.render import render
+from rules.transaction import Elements
 from tests.unit.rules_states import desired_states
 
 
@@ -31,16 +32,16 @@ def test_every_encoded_element_decodes_to_the_text_the_read_back_expects(
 ) -> None:
     want = expected(desired).sets
     for op in render(desired).ops:
-        if not op.obj.startswith("element ") or op.verb != "add":
+        if not isinstance(op.obj, Elements) or op.verb != "add":
             continue
-        name = op.obj.split()[3]
+        name = op.obj.set
         shape = nftnl.set_shape(name)
         if shape is None:
             continue
-        parsed = nftnl.parse_op(op)
+        encoded = nftnl.encode_op(op)
         got = {
             nft_dump.decode_element(shape, _payload(nftnl.encode_element(e)))
-            for e in parsed.elements
+            for e in encoded.elements
         }
         assert got == want[name], name
 

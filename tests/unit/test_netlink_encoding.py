@@ -1,4 +1,4 @@
-"""The netlink element encoder (dataplane/netlink.py) and the applier's use of it, without root.
+"""The netlink printer (rules/netlink.py) and the applier's use of a sender, without root.
 
 Golden bytes come from `nft --debug=mnl -f` (nftables 1.0.6) adding the same elements to a
 nodelb table in a lab namespace: the attribute trees below are what nft sent, minus the
@@ -18,18 +18,35 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyroute2.netlink.nfnetlink.nftsocket import nft_set_elem_list_msg
 
-from agent.dataplane import netlink as nftnl
 from agent.dataplane.applier import Dataplane, SyncMode, SyncOutcome
 from agent.dataplane.libnft import NftError
-from agent.dataplane.netlink import Element, ElementOp, Unsupported
 from agent.model.desired_state import DesiredState
+from rules import netlink as nftnl
 from rules.delta import delta
+from rules.netlink import Element, ElementOp, Unsupported
 from rules.render import render
-from rules.transaction import Op, Transaction
+from rules.transaction import Atoms, Chain, Elements, Item, Map, Op, Transaction, Verdict
 from tests.unit.rules_states import desired_states, eps, fe, state
 from tests.unit.test_applier import A, B, FakeRunner, make
 
 HOST_1 = (1).to_bytes(4, sys.byteorder)  # numgen writes its register in host order
+
+
+def E(name: str, *items: Item) -> Elements:
+    """Return the elements `items` of set or map `name`."""
+    return Elements(name, items)
+
+
+def k(text: str) -> Atoms:
+    """Return the atoms of a key or value written as nft writes it (`a . b . c`)."""
+    return tuple(text.split(" . "))
+
+
+def goto(chain: str) -> Verdict:
+    return Verdict("goto", chain)
+
+
+ACCEPT = Verdict("accept")
 
 # What nft 1.0.6 sent for `add element inet nodelb be4_10 { 198.18.200.1 . tcp . 80 . 3 :
 # 198.19.9.9 . 8080 }` (x86-64: attribute headers and the numgen index are little-endian).
@@ -70,42 +87,42 @@ HELD4_LIST_ELEM = bytes.fromhex("1000 0180 0c00 0180 0800 0100 c612c801")
     ("obj", "golden"),
     [
         pytest.param(
-            "element inet nodelb be4_10 { 198.18.200.1 . tcp . 80 . 3 : 198.19.9.9 . 8080 }",
+            E("be4_10", (k("198.18.200.1 . tcp . 80 . 3"), k("198.19.9.9 . 8080"))),
             BE4_LIST_ELEM,
             id="a backend map element: concatenated key with a host-order index, concat data",
         ),
         pytest.param(
-            "element inet nodelb ext4 { 198.18.200.1 . udp . 53 : goto ep4_10 }",
+            E("ext4", (k("198.18.200.1 . udp . 53"), goto("ep4_10"))),
             EXT4_GOTO_LIST_ELEM,
             id="a verdict map element pointing at a dispatch chain",
         ),
         pytest.param(
-            "element inet nodelb ext4 { 198.18.200.2 . sctp . 9 : accept }",
+            E("ext4", (k("198.18.200.2 . sctp . 9"), ACCEPT)),
             EXT4_ACCEPT_LIST_ELEM,
             id="a verdict map element with a plain accept verdict",
         ),
         pytest.param(
-            "element inet nodelb srok4 { 198.18.200.1 . tcp . 80 . 203.0.113.0/24 }",
+            E("srok4", (k("198.18.200.1 . tcp . 80 . 203.0.113.0/24"), None)),
             SROK4_LIST_ELEM,
             id="a source-range element: a concatenated range sent as KEY and KEY_END",
         ),
         pytest.param(
-            "element inet nodelb held4 { 198.18.200.1 }",
+            E("held4", (k("198.18.200.1"), None)),
             HELD4_LIST_ELEM,
             id="a plain address set element",
         ),
     ],
 )
-def test_elements_encode_exactly_as_nft_sends_them(obj: str, golden: bytes) -> None:
-    op = nftnl.parse_op(Op("add", obj))
+def test_elements_encode_exactly_as_nft_sends_them(obj: Elements, golden: bytes) -> None:
+    op = nftnl.encode_op(Op("add", obj))
     assert len(op.elements) == 1
     assert nftnl.encode_element(op.elements[0]) == golden
 
 
 def test_the_batch_is_begin_one_message_per_op_and_end() -> None:
     ops = [
-        nftnl.parse_op(Op("delete", "element inet nodelb held4 { 198.18.200.1 }")),
-        nftnl.parse_op(Op("add", "element inet nodelb held4 { 198.18.200.1 }")),
+        nftnl.encode_op(Op("delete", E("held4", (k("198.18.200.1"), None)))),
+        nftnl.encode_op(Op("add", E("held4", (k("198.18.200.1"), None)))),
     ]
     batch = nftnl.encode_batch(ops, 7)
     assert batch.begin_seq == 7
@@ -159,13 +176,19 @@ def test_an_independent_decoder_reads_back_ipv6_keys_data_and_verdicts() -> None
         (
             Op(
                 "add",
-                "element inet nodelb be6_2 { 2001:db8::200 . tcp . 443 . 1 : "
-                "2001:db8:1::5 . 8443, 2001:db8::200 . tcp . 443 . 0 : 2001:db8:1::6 . 8443 }",
+                E(
+                    "be6_2",
+                    (k("2001:db8::200 . tcp . 443 . 1"), k("2001:db8:1::5 . 8443")),
+                    (k("2001:db8::200 . tcp . 443 . 0"), k("2001:db8:1::6 . 8443")),
+                ),
             ),
             Op(
                 "add",
-                "element inet nodelb int6 { 2001:db8::200 . udp . 53 : goto epc6_2, "
-                "2001:db8::201 . udp . 53 : accept }",
+                E(
+                    "int6",
+                    (k("2001:db8::200 . udp . 53"), goto("epc6_2")),
+                    (k("2001:db8::201 . udp . 53"), ACCEPT),
+                ),
             ),
         )
     )
@@ -202,7 +225,7 @@ def test_an_independent_decoder_reads_back_ipv6_keys_data_and_verdicts() -> None
 
 
 def test_deletions_carry_keys_only() -> None:
-    op = nftnl.parse_op(Op("delete", "element inet nodelb be4_2 { 198.18.0.200 . tcp . 80 . 1 }"))
+    op = nftnl.encode_op(Op("delete", E("be4_2", (k("198.18.0.200 . tcp . 80 . 1"), None))))
     key = bytes([198, 18, 0, 200, 6, 0, 0, 0, 0, 80, 0, 0]) + HOST_1
     assert op == ElementOp("delete", "be4_2", (Element(key),))
     _, _, items = _pyroute2_elements(nftnl.encode_message(op, 1))
@@ -210,8 +233,8 @@ def test_deletions_carry_keys_only() -> None:
 
 
 def test_an_ipv6_source_range_runs_from_its_first_to_its_last_address() -> None:
-    op = nftnl.parse_op(
-        Op("delete", "element inet nodelb srok6 { 2001:db8::1 . udp . 53 . 2001:db8:ffff::/48 }")
+    op = nftnl.encode_op(
+        Op("delete", E("srok6", (k("2001:db8::1 . udp . 53 . 2001:db8:ffff::/48"), None)))
     )
     (el,) = op.elements
     head = bytes.fromhex("20010db8000000000000000000000001") + bytes([17, 0, 0, 0, 0, 53, 0, 0])
@@ -226,90 +249,89 @@ class Refused:
     why: str
 
 
+def _add(name: str, key: str, value: Atoms | Verdict | None = None) -> Op:
+    return Op("add", E(name, (k(key), value)))
+
+
 @pytest.mark.parametrize(
     "case",
     [
         pytest.param(
-            Refused(
-                Op("add", "element inet nodelb srok4 { 198.18.0.200 . tcp . 80 . 203.0.113.1/24 }"),
-                "host bits",
-            ),
+            Refused(_add("srok4", "198.18.0.200 . tcp . 80 . 203.0.113.1/24"), "host bits"),
             id="a source range with host bits set",
         ),
         pytest.param(
-            Refused(Op("add", "element inet nodelb local4 { 198.19.0.0/16 }"), "local4"),
+            Refused(_add("local4", "198.19.0.0/16"), "local4"),
             id="the local-CIDR interval set stays with libnftables",
         ),
         pytest.param(
-            Refused(Op("add", "element inet nodelb afa4_0123 { 198.18.0.9 }"), "afa4_0123"),
+            Refused(_add("afa4_0123", "198.18.0.9"), "afa4_0123"),
             id="affinity sets are not encoded",
         ),
         pytest.param(
-            Refused(Op("add", "chain inet nodelb ep4_3"), "not an element op"),
+            Refused(Op("add", Chain("ep4_3")), "not an element op"),
             id="a chain is not an element op",
         ),
         pytest.param(
-            Refused(Op("flush", "map inet nodelb be4_3"), "not an element op"),
-            id="a flush is not an element op",
+            Refused(Op("flush", Map("be4_3")), "not an element op"),
+            id="a flush is not an element op (only a full sync's batch flushes)",
         ),
         pytest.param(
-            Refused(
-                Op("add", "element inet other ext4 { 198.18.0.9 . tcp . 80 : accept }"),
-                "not an element op",
-            ),
-            id="another table is never touched",
-        ),
-        pytest.param(
-            Refused(Op("add", "element inet nodelb ext4 { 198.18.0.9 . tcp . 80 }"), "no value"),
+            Refused(_add("ext4", "198.18.0.9 . tcp . 80"), "no value"),
             id="a map element without its value",
         ),
         pytest.param(
-            Refused(
-                Op("add", "element inet nodelb noep4 { 198.18.0.9 . tcp . 80 : accept }"),
-                "is a set",
-            ),
+            Refused(_add("noep4", "198.18.0.9 . tcp . 80", ACCEPT), "is a set"),
             id="a set element with a value",
         ),
         pytest.param(
-            Refused(Op("add", "element inet nodelb noep4 { 2001:db8::1 . tcp . 80 }"), "IPv4"),
+            Refused(_add("ext4", "198.18.0.9 . tcp . 80", k("198.19.1.5 . 80")), "verdicts"),
+            id="a verdict map element with data instead of a verdict",
+        ),
+        pytest.param(
+            Refused(_add("be4_2", "198.18.0.9 . tcp . 80 . 0", ACCEPT), "maps to data"),
+            id="a backend map element with a verdict instead of data",
+        ),
+        pytest.param(
+            Refused(_add("noep4", "2001:db8::1 . tcp . 80"), "IPv4"),
             id="an IPv6 address in an IPv4 set",
         ),
         pytest.param(
-            Refused(Op("add", "element inet nodelb noep4 { 198.18.0.9 . icmp . 80 }"), "proto"),
+            Refused(_add("noep4", "198.18.0.9 . icmp . 80"), "proto"),
             id="a protocol name the encoder does not know",
         ),
         pytest.param(
-            Refused(Op("add", "element inet nodelb noep4 { 198.18.0.9 . tcp . 70000 }"), "port"),
+            Refused(_add("noep4", "198.18.0.9 . tcp . 70000"), "port"),
             id="a port that does not fit 16 bits",
         ),
         pytest.param(
-            Refused(
-                Op("add", "element inet nodelb ext4 { 198.18.0.9 . tcp . 80 : goto }"), "verdict"
-            ),
-            id="a goto without a chain",
-        ),
-        pytest.param(
-            Refused(Op("add", "element inet nodelb noep4 { 198.18.0.9 . tcp }"), "fields"),
+            Refused(_add("noep4", "198.18.0.9 . tcp"), "fields"),
             id="a key with a missing field",
         ),
     ],
 )
 def test_ops_the_fast_path_does_not_express_are_refused(case: Refused) -> None:
     with pytest.raises(Unsupported, match=case.why):
-        nftnl.parse_op(case.op)
+        nftnl.encode_op(case.op)
     assert nftnl.element_ops(Transaction((case.op,))) is None
 
 
+def test_a_goto_without_a_chain_cannot_be_written() -> None:
+    with pytest.raises(ValueError, match="goto"):
+        Verdict("goto")
+    with pytest.raises(ValueError, match="accept"):
+        Verdict("accept", "ep4_3")
+
+
 def test_a_transaction_with_anything_but_elements_is_left_to_libnftables() -> None:
-    ok = Op("add", "element inet nodelb held4 { 198.18.0.200 }")
+    ok = _add("held4", "198.18.0.200")
     assert nftnl.element_ops(Transaction((ok,))) is not None
-    assert nftnl.element_ops(Transaction((ok, Op("add", "chain inet nodelb ep4_3")))) is None
+    assert nftnl.element_ops(Transaction((ok, Op("add", Chain("ep4_3"))))) is None
     assert nftnl.element_ops(Transaction()) is None
-    many = ", ".join(f"198.18.{i // 256}.{i % 256}" for i in range(nftnl.MAX_FAST_ELEMENTS + 1))
-    assert (
-        nftnl.element_ops(Transaction((Op("add", f"element inet nodelb held4 {{ {many} }}"),)))
-        is None
+    many = tuple(
+        ((f"198.18.{i // 256}.{i % 256}",), None) for i in range(nftnl.MAX_FAST_ELEMENTS + 1)
     )
+    assert nftnl.element_ops(Transaction((Op("add", Elements("held4", many)),))) is None
 
 
 @settings(max_examples=200, deadline=None)
@@ -318,16 +340,15 @@ def test_every_element_op_of_a_delta_outside_local_and_affinity_sets_is_encoded(
     a: DesiredState, b: DesiredState
 ) -> None:
     for op in delta(a, b).ops + render(b).ops:
-        if not op.obj.startswith("element ") or op.verb == "flush":
+        if not isinstance(op.obj, Elements):
             continue
-        name = op.obj.split()[3]
-        if name.startswith(("local", "afa")):
+        if op.obj.set.startswith(("local", "afa")):
             with pytest.raises(Unsupported):
-                nftnl.parse_op(op)
+                nftnl.encode_op(op)
             continue
-        parsed = nftnl.parse_op(op)
-        assert len(parsed.elements) == op.obj.count(",") + 1
-        assert nftnl.encode_message(parsed, 1)
+        encoded = nftnl.encode_op(op)
+        assert len(encoded.elements) == len(op.obj.items)
+        assert nftnl.encode_message(encoded, 1)
 
 
 def _ack(seq: int, error: int) -> bytes:
@@ -354,7 +375,7 @@ def test_decode_acks_raises_only_value_error(data: bytes) -> None:
 
 
 class FakeSender:
-    """An ElementSender that records what it is given and applies its text to the fake
+    """An ElementSender that records what it is given and applies its typed ops to the fake
     runner `into`; `refuse` makes it raise NftError (applying nothing)."""
 
     def __init__(self) -> None:
@@ -367,7 +388,7 @@ class FakeSender:
         if self.refuse:
             raise NftError("kernel refused the element batch", "message 1: No such file")
         assert isinstance(ops, nftnl.ElementBatch) and self.into is not None
-        self.into.run(ops.text())
+        self.into.run(Transaction(ops.ops))
 
 
 def make_fast() -> tuple[Dataplane, FakeRunner, FakeSender]:
@@ -475,16 +496,16 @@ def test_split_full_puts_every_op_in_exactly_one_part_and_refuses_the_replacing_
     assert split is not None
     parts = [*split.structure.ops, *split.elements, *split.cleanup.ops]
     assert sorted(map(str, parts)) == sorted(map(str, tx.ops))
-    assert all(nftnl.set_shape(o.obj.split()[3]) is not None for o in split.elements)
-    assert any(o.obj.startswith("element inet nodelb local4") for o in split.structure.ops)
+    assert all(nftnl.set_shape(o.target()[1]) is not None for o in split.elements)
+    assert any(o.target() == ("element", "local4") for o in split.structure.ops)
     assert nftnl.split_full(render(B, replace=True)) is None
 
 
 def test_a_large_op_is_split_into_messages_under_the_attribute_limit() -> None:
-    many = ", ".join(f"198.18.{i // 250}.{i % 250 + 1}" for i in range(9000))
+    many = tuple(((f"198.18.{i // 250}.{i % 250 + 1}",), None) for i in range(9000))
     ops = [
         ElementOp("flush", "held4", ()),
-        nftnl.parse_op(Op("add", f"element inet nodelb held4 {{ {many} }}")),
+        nftnl.encode_op(Op("add", Elements("held4", many))),
     ]
     batch = nftnl.encode_batch(ops, 1)
     sizes, kinds, off = [], [], 20

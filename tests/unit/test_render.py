@@ -12,7 +12,7 @@ from agent.model.desired_state import DesiredState, Endpoint, Frontend, Frontend
 from agent.model.net import Protocol
 from rules import layout as L
 from rules.render import RenderError, objects_after, render, render_cleanup
-from rules.transaction import Op, Transaction
+from rules.transaction import Chain, Elements, Op, Table, Transaction, Verdict
 from tests.unit.rules_states import eps, fe, ip, key, state
 
 V4 = "198.18.0.200 . tcp . 80"
@@ -331,12 +331,15 @@ def test_cleanup_removes_the_table_and_is_valid_when_absent() -> None:
 
 
 def test_transaction_value_semantics() -> None:
-    a = Transaction((Op("add", "table inet nodelb"),))
-    b = Transaction.of([Op("delete", "table inet nodelb")])
+    a = Transaction((Op("add", Table()),))
+    b = Transaction.of([Op("delete", Table())])
     both = a + b
     assert len(both) == 2 and list(both) == [*a, *b]
     assert both.text() == "add table inet nodelb\ndelete table inet nodelb\n"
     assert Transaction().text() == "" and len(Transaction()) == 0
+
+
+HELD_ONE = Elements("held4", ((("198.18.0.1",), None),))
 
 
 def test_fake_refuses_dangling_references() -> None:
@@ -346,21 +349,26 @@ def test_fake_refuses_dangling_references() -> None:
         applied(
             base,
             Transaction(
-                (Op("add", "element inet nodelb ext4 { 198.18.0.1 . tcp . 1 : goto nope }"),)
+                (
+                    Op(
+                        "add",
+                        Elements("ext4", ((("198.18.0.1", "tcp", "1"), Verdict("goto", "nope")),)),
+                    ),
+                )
             ),
         )
     with pytest.raises(FakeError, match="not in"):
-        applied(base, Transaction((Op("delete", "element inet nodelb held4 { 198.18.0.1 }"),)))
+        applied(base, Transaction((Op("delete", HELD_ONE),)))
     with pytest.raises(FakeError, match="still referenced"):
-        applied(base, Transaction((Op("delete", f"chain inet nodelb {L.REJECT}"),)))
+        applied(base, Transaction((Op("delete", Chain(L.REJECT)),)))
     table = applied(base)
     before = table.normalized()
     with pytest.raises(FakeError, match="already in"):
         table.apply(
             Transaction(
                 (
-                    Op("add", "element inet nodelb held4 { 198.18.0.1 }"),
-                    Op("add", "element inet nodelb held4 { 198.18.0.1 }"),
+                    Op("add", HELD_ONE),
+                    Op("add", HELD_ONE),
                 )
             )
         )
