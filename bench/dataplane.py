@@ -43,10 +43,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.dataplane.applier import Dataplane, SyncMode
-from agent.dataplane.libnft import NetnsNftRunner, NftError, netns_inode, root_netns_inodes
+from agent.dataplane.libnft import NetnsNftRunner, NftError
 from agent.dataplane.netlink import ElementSender, NetlinkElementSender
 from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey
 from agent.model.net import Protocol
+from agent.netns import netns_inode, root_netns_inodes
 from bench.measure import percentile, proc_mem_mb
 from lab import netns
 from rules.netlink import ElementOp

@@ -63,13 +63,14 @@ import orjson
 
 from agent.config import AgentConfig
 from agent.dataplane.applier import Dataplane, SyncResult
-from agent.dataplane.libnft import NetnsNftRunner, netns_inode, root_netns_inodes
+from agent.dataplane.libnft import NetnsNftRunner
 from agent.dataplane.netlink import NetlinkElementSender
 from agent.dataplane.netlink_dump import NetlinkTableReader
 from agent.kube.events import ListSink
 from agent.memory import limit_malloc_arenas
 from agent.model.desired_state import DesiredState, FrontendKey
 from agent.model.net import Protocol
+from agent.netns import netns_inode, root_netns_inodes
 from agent.node.loop import Agent, ListFns
 from bench.e2e_latency import (
     CHANGE_HOSTS,

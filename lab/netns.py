@@ -15,16 +15,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-NETNS_DIR = Path("/run/netns")
+from agent.netns import NETNS_DIR, NetnsError
 
 # Every namespace this process created and has not deleted yet: the test session's end check
 # asserts this is empty, so a leaked namespace fails the run (other processes' labs, such as a
 # demo running beside the tests, are not this process's business).
 CREATED: set[str] = set()
-
-
-class NetnsError(RuntimeError):
-    """A namespace command failed; the message carries the command and its stderr."""
 
 
 def exists(name: str) -> bool:
@@ -143,3 +139,17 @@ def _ip(*args: str) -> None:
     proc = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise NetnsError(f"ip {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
+
+
+__all__ = [
+    "CREATED",
+    "NETNS_DIR",
+    "NetnsError",
+    "create",
+    "delete",
+    "exists",
+    "pids",
+    "run",
+    "spawn",
+    "stop",
+]

@@ -11,9 +11,6 @@ root namespace.
 
 from __future__ import annotations
 
-import ctypes
-import os
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -21,51 +18,16 @@ import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from lab.netns import NETNS_DIR, NetnsError
+from agent import netns
+from lab.netns import NetnsError
 
 T = TypeVar("T")
 
-CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
-
 
 def call_in_netns(name: str, fn: Callable[[], T]) -> T:
-    """Return `fn()` computed by a fresh thread inside network namespace `name`.
-
-    Exceptions raised by `fn` are re-raised in the caller. Sockets `fn` creates stay in the
-    namespace and may be used from any thread afterwards.
-    """
-    if not name or "/" in name or name in {".", ".."}:
-        raise NetnsError(f"invalid network namespace name {name!r}")
-    fd = os.open(NETNS_DIR / name, os.O_RDONLY | os.O_CLOEXEC)
-    result: list[T] = []
-    error: list[BaseException] = []
-
-    def body() -> None:
-        try:
-            _enter(fd, name)
-            result.append(fn())
-        except BaseException as exc:
-            error.append(exc)
-
-    try:
-        thread = threading.Thread(target=body, name=f"netns:{name}", daemon=True)
-        thread.start()
-        thread.join()
-    finally:
-        os.close(fd)
-    if error:
-        raise error[0]
-    return result[0]
-
-
-def _enter(fd: int, name: str) -> None:
-    """Move the calling thread into the namespace open at `fd`, and check it got there."""
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise NetnsError(f"setns into {name!r} failed: {os.strerror(err)}")
-    if os.stat("/proc/thread-self/ns/net").st_ino != os.fstat(fd).st_ino:
-        raise NetnsError(f"thread is not in namespace {name!r} after setns")
+    """Return `fn()` computed by a fresh thread inside network namespace `name` (agent.netns;
+    a root namespace is refused). Sockets `fn` creates stay in the namespace."""
+    return netns.call_in(name, fn)
 
 
 def pool_classes(name: str) -> dict[str, type[HTTPConnectionPool]]:

@@ -18,18 +18,14 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import ctypes
-import os
 import threading
-from pathlib import Path
 from typing import Any, Protocol, cast
 
 import nftables
 import orjson
 
+from agent import netns
 from rules.transaction import Transaction
-
-CLONE_NEWNET = 0x40000000
-NETNS_DIR = Path("/run/netns")
 
 
 class NftError(RuntimeError):
@@ -55,23 +51,6 @@ class NftRunner(Protocol):
     def list_declarations(self, family: str, name: str) -> str | None:
         """Return `nft -t list table family name` (no set elements), or None if it is absent."""
         ...
-
-
-def netns_inode(path: str = "/proc/thread-self/ns/net") -> int:
-    """Return the inode that identifies the network namespace at `path` (the calling thread's)."""
-    return os.stat(path).st_ino
-
-
-def root_netns_inodes() -> frozenset[int]:
-    """Return the inodes of every namespace this process treats as "root" (never programmed).
-
-    That is PID 1's namespace when readable (it is not in every container), and always the
-    namespace this process's main thread is in.
-    """
-    found = {netns_inode(f"/proc/{os.getpid()}/ns/net")}
-    with contextlib.suppress(OSError):
-        found.add(netns_inode("/proc/1/ns/net"))
-    return frozenset(found)
 
 
 TRIM_AFTER_BYTES = 1 << 20
@@ -104,14 +83,14 @@ class LibNftRunner:
         self._nft: Any = nftables.Nftables()
         self._nft.set_json_output(False)
         self._nft.set_handle_output(False)
-        self._netns = netns_inode()
+        self._netns = netns.netns_inode()
         self._lock = threading.Lock()
         self._read_lock = threading.Lock()
 
     def _list(self, family: str, name: str, *, json_output: bool) -> str | None:
         """Return `list table` output from a fresh context (freed, with its cache, after),
         or None if the table is absent. Raises NftError for any other failure."""
-        if netns_inode() != self._netns:
+        if netns.netns_inode() != self._netns:
             raise NftError("a listing was asked from a thread in another network namespace")
         with self._read_lock:
             ctx: Any = nftables.Nftables()
@@ -157,17 +136,6 @@ class LibNftRunner:
         return self._list(family, name, json_output=False)
 
 
-def _setns(path: Path) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"setns({path}): {os.strerror(errno)}")
-    finally:
-        os.close(fd)
-
-
 class NetnsNftRunner:
     """An NftRunner that runs libnftables inside the named namespace, from its own thread.
 
@@ -185,15 +153,10 @@ class NetnsNftRunner:
         self._lock = threading.Lock()
 
     def _enter(self) -> None:
-        path = NETNS_DIR / self.ns_name
-        roots = root_netns_inodes()
-        target = netns_inode(str(path))
-        if target in roots:
-            raise NftError(f"refusing to program {path}: it is the root network namespace")
-        _setns(path)
-        here = netns_inode()
-        if here != target or here in roots:
-            raise NftError(f"worker thread is not in {path} after setns (inode {here})")
+        try:
+            netns.enter(self.ns_name)
+        except netns.NetnsError as exc:
+            raise NftError(f"refusing to program {self.ns_name}: {exc}") from exc
         self._runner = LibNftRunner()
 
     def start(self) -> None:

@@ -17,7 +17,8 @@ import threading
 from collections.abc import Iterable
 from typing import Protocol
 
-from agent.dataplane.libnft import NETNS_DIR, NftError, _setns, netns_inode, root_netns_inodes
+from agent import netns
+from agent.dataplane.libnft import NftError
 from rules.netlink import (
     NETLINK_CAP_ACK,
     NETLINK_NETFILTER,
@@ -81,28 +82,10 @@ class NetlinkElementSender:
         The socket is opened by a short-lived thread that enters the namespace and ends; the
         socket stays bound to that namespace whichever thread uses it later.
         """
-        path = NETNS_DIR / ns_name
-        result: list[NetlinkElementSender | BaseException] = []
-
-        def enter() -> None:
-            try:
-                roots = root_netns_inodes()
-                target = netns_inode(str(path))
-                if target in roots:
-                    raise NftError(f"refusing to program {path}: it is the root namespace")
-                _setns(path)
-                if netns_inode() != target:
-                    raise NftError(f"thread is not in {path} after setns")
-                result.append(cls.open(timeout=timeout))
-            except BaseException as exc:  # handed to the caller's thread
-                result.append(exc)
-
-        thread = threading.Thread(target=enter, name=f"nftnl-{ns_name}")
-        thread.start()
-        thread.join()
-        if isinstance(result[0], BaseException):
-            raise result[0]
-        return result[0]
+        try:
+            return netns.call_in(ns_name, lambda: cls.open(timeout=timeout))
+        except netns.NetnsError as exc:
+            raise NftError(f"refusing to program {ns_name}: {exc}") from exc
 
     def apply(self, ops: Iterable[ElementOp]) -> None:
         """Send `ops` as one batch; raise NftError (nothing applied) if the kernel refuses,

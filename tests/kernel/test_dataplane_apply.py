@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from agent import netns as agent_netns
 from agent.dataplane import libnft as nft
 from agent.dataplane.applier import Dataplane, SyncMode, SyncOutcome
 from agent.dataplane.conntrack import ToolConntrackRunner
@@ -36,8 +37,8 @@ pytestmark = pytest.mark.kernel
 
 def refuse_root_namespace(name: str) -> None:
     """Fail the test unless `name` is a namespace other than every root one we can see."""
-    inode = nft.netns_inode(str(netns.NETNS_DIR / name))
-    assert inode not in nft.root_netns_inodes(), f"{name} is the root network namespace"
+    inode = agent_netns.netns_inode(str(netns.NETNS_DIR / name))
+    assert inode not in agent_netns.root_netns_inodes(), f"{name} is the root network namespace"
 
 
 @contextmanager
@@ -152,8 +153,8 @@ def test_the_runner_programs_only_its_own_namespace(ns: str, runner: Recording) 
 def test_the_runner_refuses_a_namespace_that_is_a_root_one(
     ns: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    target = nft.netns_inode(str(netns.NETNS_DIR / ns))
-    monkeypatch.setattr(nft, "root_netns_inodes", lambda: frozenset({target}))
+    target = agent_netns.netns_inode(str(netns.NETNS_DIR / ns))
+    monkeypatch.setattr(agent_netns, "root_netns_inodes", lambda: frozenset({target}))
     r = NetnsNftRunner(ns)
     try:
         with pytest.raises(NftError, match="refusing"):

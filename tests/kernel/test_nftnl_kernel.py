@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from agent.dataplane import libnft as nft
+from agent import netns as agent_netns
 from agent.dataplane import netlink_dump as nft_dump
 from agent.dataplane.applier import Dataplane, SyncMode, SyncOutcome
 from agent.dataplane.libnft import NetnsNftRunner, NftError
@@ -84,8 +84,8 @@ def side(tag: str) -> Iterator[Side]:
     with ExitStack() as stack:
         stack.callback(netns.delete, name)
         netns.create(name)
-        inode = nft.netns_inode(str(netns.NETNS_DIR / name))
-        assert inode not in nft.root_netns_inodes(), f"{name} is the root network namespace"
+        inode = agent_netns.netns_inode(str(netns.NETNS_DIR / name))
+        assert inode not in agent_netns.root_netns_inodes(), f"{name} is the root network namespace"
         runner = NetnsNftRunner(name)
         stack.callback(runner.close)
         sender = NetlinkElementSender.in_namespace(name)
