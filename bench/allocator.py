@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import re
@@ -34,13 +35,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from kubernetes import client as kclient
 
 from agent.controller.allocator import Allocator, allocation_order
 from agent.controller.service_status import parse_view
+from agent.kube.lists import ListFn, list_all
 from agent.model.pools import Forbidden, parse_pools
 from bench.e2e_latency import EXTRA_SERVICE_CIDR
 from bench.measure import proc_mem_mb
@@ -91,18 +93,7 @@ def reference(api: kclient.ApiClient) -> tuple[float, int]:
     """Return (seconds, allocations) for the pure allocator over one LIST of the Services."""
     core = kclient.CoreV1Api(api)
     t0 = time.monotonic()
-    items: list[dict[str, Any]] = []
-    token = None
-    while True:
-        kwargs: dict[str, Any] = {"limit": 500, "_preload_content": False}
-        if token:
-            kwargs["_continue"] = token
-        resp: Any = core.list_namespaced_service(NAMESPACE, **kwargs)
-        body = orjson.loads(resp.data)
-        items.extend(body["items"])
-        token = body["metadata"].get("continue")
-        if not token:
-            break
+    items = list_all(cast(ListFn, functools.partial(core.list_namespaced_service, NAMESPACE)))
     pools = parse_pools(POOLS, forbidden=Forbidden())
     assert pools is not None
     views = [parse_view(o, lb_class="nodelb.io/lb", handle_classless=True) for o in items]

@@ -34,7 +34,7 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -70,6 +70,7 @@ from agent.controller.service_status import (
     problem_event,
 )
 from agent.kube.events import Event, EventGate, EventSink
+from agent.kube.lists import ListFn, list_all
 from agent.kube.node_report import (
     REPORT_LABEL,
     REPORT_LABEL_VALUE,
@@ -78,7 +79,7 @@ from agent.kube.node_report import (
     parse_report,
     serving_ips,
 )
-from agent.kube.reflector import ListFn, Reflector
+from agent.kube.reflector import Reflector
 from agent.kube.store import Change, Store
 from agent.model.net import IPAddress, IPFamily
 from agent.model.pools import PoolSet
@@ -384,7 +385,7 @@ class Controller:
     def _rebuild(self) -> list[str]:
         """Rebuild the allocator from a fresh LIST; return every Service key to (re)process."""
         assert self._config is not None and self._config.pools is not None
-        raw = _list_all(self._core.list_service_for_all_namespaces)
+        raw = list_all(cast(ListFn, self._core.list_service_for_all_namespaces))
         views = [self._parse_view(obj) for obj in raw]
         requests = [self._with_namespace(v) for v in views if v.request is not None]
         allocator = Allocator(self._config.pools, released=self._released)
@@ -591,18 +592,3 @@ def pool_usage(pools: PoolSet, held: list[IPAddress]) -> list[tuple[str, str, in
 
 def _event(view: ServiceView, type_: str, reason: str, message: str) -> Event:
     return Event(view.ref(), type_, reason, message)
-
-
-def _list_all(list_fn: Callable[..., Any], page: int = 500) -> list[dict[str, Any]]:
-    """Return every object of a paginated raw LIST (a consistent read from etcd)."""
-    items: list[dict[str, Any]] = []
-    token: str | None = None
-    while True:
-        kwargs: dict[str, Any] = {"limit": page, "_preload_content": False}
-        if token:
-            kwargs["_continue"] = token
-        body = orjson.loads(list_fn(**kwargs).data)
-        items.extend(body.get("items") or [])
-        token = (body.get("metadata") or {}).get("continue")
-        if not token:
-            return items

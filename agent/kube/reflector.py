@@ -11,33 +11,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import orjson
 
 from agent.backoff import Backoff
+from agent.kube.lists import PAGE_SIZE, ListFn, RawResponse, list_pages
 from agent.kube.store import Change, EventType, Store, resource_version
+
+# ListFn and RawResponse live in agent.kube.lists; the roles' loops name them from here.
+__all__ = ["GoneError", "ListFn", "RawResponse", "Reflector", "iter_lines"]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-
-
-class RawResponse(Protocol):
-    """The part of urllib3's HTTPResponse the reflector uses."""
-
-    status: int
-    data: bytes
-
-    def stream(self, amt: int) -> Iterator[bytes]: ...
-
-    def release_conn(self) -> None: ...
-
-    def shutdown(self) -> None: ...
-
-
-# A typed list call of the official client (e.g. CoreV1Api.list_service_for_all_namespaces),
-# called with _preload_content=False so it returns the raw HTTP response.
-ListFn = Callable[..., RawResponse]
 
 
 class GoneError(Exception):
@@ -71,7 +57,7 @@ class Reflector(Generic[T]):
         list_fn: ListFn,
         store: Store[T],
         on_changes: Callable[[list[Change[T]]], None],
-        page_size: int = 500,
+        page_size: int = PAGE_SIZE,
         watch_timeout: int = 300,
         backoff: Backoff | None = None,
         on_restart: Callable[[str], None] | None = None,
@@ -121,7 +107,14 @@ class Reflector(Generic[T]):
             resp.shutdown()
 
     def _call(self, **kwargs: Any) -> RawResponse:
-        resp = self._list_fn(_preload_content=False, **kwargs)
+        return self._checked(self._list_fn(_preload_content=False, **kwargs))
+
+    def _list_call(self, **kwargs: Any) -> RawResponse:
+        # list_pages adds _preload_content itself.
+        return self._checked(self._list_fn(**kwargs))
+
+    @staticmethod
+    def _checked(resp: RawResponse) -> RawResponse:
         if resp.status == 410:
             raise GoneError
         if resp.status >= 400:
@@ -144,19 +137,10 @@ class Reflector(Generic[T]):
         ~150 MB of raw dicts at once and left the heap fragmented (bench/memory.py). Appends
         each page's resourceVersion to `list_rv` (the last one is the list's).
         """
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"limit": self._page_size, "_request_timeout": 60}
-            if token:
-                kwargs["_continue"] = token
-            body = orjson.loads(self._call(**kwargs).data)
-            list_rv.append(resource_version(body))
-            token = (body.get("metadata") or {}).get("continue")
-            items = body.get("items") or []
-            del body
-            yield from items
-            if not token:
-                return
+        for page in list_pages(self._list_call, limit=self._page_size, _request_timeout=60):
+            list_rv.append(page.resource_version)
+            yield from page.items
+            page.items.clear()  # this page's raw dicts go before the next page is fetched
 
     def _watch(self, stop: threading.Event) -> None:
         resp = self._call(
