@@ -20,6 +20,7 @@ from kubernetes import client
 from agent import logs, memory, status_command
 from agent.announce.announcer import Announcer
 from agent.config import AgentConfig, ConfigError, load_config
+from agent.controller.api import KubeControllerAPI
 from agent.controller.leader import ElectionTiming
 from agent.controller.loop import Controller, ControllerSettings
 from agent.dataplane.applier import Dataplane
@@ -238,7 +239,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
     # Three watches, the Lease, the status writers and the Event sender each hold a connection.
     api = api_client(args.kubeconfig, pool_size=8 + settings.write_concurrency)
     events = KubeEventSink(client.CoreV1Api(api), component="nodelb-controller", host=identity)
-    controller = Controller(api, settings, events=events)
+    controller = Controller(KubeControllerAPI(api), settings, events=events)
     stop = threading.Event()
     loop = threading.Thread(target=controller.run, args=(stop,), name="controller", daemon=True)
     health = HealthServer(args.metrics_address, alive=loop.is_alive, ready=controller.ready.is_set)

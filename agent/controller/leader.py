@@ -14,7 +14,8 @@ Only one controller allocates at a time. The rules are client-go's:
   other candidate may take over. `LeaderElector.is_leader()` is that guard; the controller
   checks it before every status write.
 
-`decide` holds the rules and does no I/O; `LeaderElector` reads and writes the Lease.
+`decide` holds the rules and does no I/O; `LeaderElector` reads and writes the Lease through
+the narrow `LeaseAPI` (agent.controller.api) and reads the time from an injected clock.
 """
 
 from __future__ import annotations
@@ -23,12 +24,11 @@ import datetime
 import enum
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
+from agent.controller.api import Clock, LeaseAPI
 
 log = logging.getLogger(__name__)
 
@@ -169,21 +169,22 @@ class LeaderElector:
     """Keeps trying to hold the Lease `namespace/name` as `identity`; see the module doc.
 
     `on_change(leading)` is called from the elector's thread whenever leadership is gained
-    or lost. Start with `run(stop)` in a thread; on stop the Lease is released if held.
+    or lost. Start with `run(stop)` in a thread (or call `step()` by hand, as tests do); on
+    stop the Lease is released if held.
     """
 
     def __init__(
         self,
-        coordination: Any,
+        leases: LeaseAPI,
         *,
         namespace: str,
         name: str,
         identity: str,
         timing: ElectionTiming,
         on_change: Callable[[bool], None],
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock,
     ) -> None:
-        self._api = coordination
+        self._api = leases
         self._namespace = namespace
         self._name = name
         self.identity = identity
@@ -199,37 +200,43 @@ class LeaderElector:
         """Return True while the last successful renewal is younger than the renew deadline."""
         with self._lock:
             renewed = self._renewed_at
-        return renewed is not None and self._clock() < renewed + self._timing.renew_deadline
+        return (
+            renewed is not None and self._clock.monotonic() < renewed + self._timing.renew_deadline
+        )
 
     def run(self, stop: threading.Event) -> None:
         """Acquire and renew until `stop` is set; then release the Lease if we hold it."""
         while not stop.is_set():
-            try:
-                self._try_once()
-            except Exception as exc:  # the API being away is routine; keep trying
-                log.warning("leader election: %s", exc)
-            if self._leading and not self.is_leader():
-                self._set_leading(False)
+            self.step()
             stop.wait(self._timing.retry_period)
+        self.release()
+
+    def step(self) -> None:
+        """Read the Lease and create, take over or renew it when the rules say so (one round)."""
+        try:
+            self._try_once()
+        except Exception as exc:  # the API being away is routine; keep trying
+            log.warning("leader election: %s", exc)
+        if self._leading and not self.is_leader():
+            self._set_leading(False)
+
+    def release(self) -> None:
+        """Give the Lease up if we lead (a stopping leader), so a candidate takes over at once."""
         if self._leading:
             self._release()
             self._set_leading(False)
 
     def _try_once(self) -> None:
-        now = self._clock()
-        try:
-            raw = self._api.read_namespaced_lease(self._name, self._namespace)
-            record = record_from_raw(self._api.api_client.sanitize_for_serialization(raw))
-            self._observation = observe(self._observation, record, now)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            self._observation = None
+        now = self._clock.monotonic()
+        raw = self._api.read_lease(self._namespace, self._name)
+        self._observation = (
+            None if raw is None else observe(self._observation, record_from_raw(raw), now)
+        )
         decision = decide(
             me=self.identity,
             observation=self._observation,
             now=now,
-            wall=datetime.datetime.now(datetime.UTC),
+            wall=self._clock.wall(),
             duration=self._timing.lease_duration,
         )
         if decision.verdict is LeaseVerdict.WAIT:
@@ -241,17 +248,14 @@ class LeaderElector:
             "metadata": {"name": self._name, "namespace": self._namespace},
             "spec": decision.spec,
         }
-        try:
-            if decision.verdict is LeaseVerdict.CREATE:
-                self._api.create_namespaced_lease(self._namespace, body)
-            else:
-                assert self._observation is not None
-                body["metadata"]["resourceVersion"] = self._observation.record.resource_version
-                self._api.replace_namespaced_lease(self._name, self._namespace, body)
-        except ApiException as exc:
-            if exc.status in (409, 422):  # another candidate wrote first
-                return
-            raise
+        if decision.verdict is LeaseVerdict.CREATE:
+            written = self._api.create_lease(self._namespace, body)
+        else:
+            assert self._observation is not None
+            body["metadata"]["resourceVersion"] = self._observation.record.resource_version
+            written = self._api.replace_lease(self._namespace, self._name, body)
+        if not written:  # another candidate wrote first
+            return
         with self._lock:
             self._renewed_at = now
         if not self._leading:
@@ -260,8 +264,10 @@ class LeaderElector:
 
     def _release(self) -> None:
         try:
-            raw = self._api.read_namespaced_lease(self._name, self._namespace)
-            record = record_from_raw(self._api.api_client.sanitize_for_serialization(raw))
+            raw = self._api.read_lease(self._namespace, self._name)
+            if raw is None:
+                return
+            record = record_from_raw(raw)
             if record.holder != self.identity:
                 return
             body = {
@@ -272,9 +278,9 @@ class LeaderElector:
                     "namespace": self._namespace,
                     "resourceVersion": record.resource_version,
                 },
-                "spec": released_spec(record, datetime.datetime.now(datetime.UTC)),
+                "spec": released_spec(record, self._clock.wall()),
             }
-            self._api.replace_namespaced_lease(self._name, self._namespace, body)
+            self._api.replace_lease(self._namespace, self._name, body)
             log.info("released the leader lease", extra={"lease": self._name})
         except Exception as exc:
             log.warning("could not release the leader lease: %s", exc)

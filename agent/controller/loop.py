@@ -26,23 +26,18 @@ rules in place; a change, or a report expiring, re-evaluates the Services using 
 
 from __future__ import annotations
 
-import datetime
 import enum
-import functools
 import hashlib
 import heapq
 import logging
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import orjson
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from agent.config import ConfigError
 from agent.controller import metrics
@@ -52,6 +47,7 @@ from agent.controller.allocator import (
     Allocator,
     allocation_order,
 )
+from agent.controller.api import APIError, Clock, ControllerAPI, PatchResult, SystemClock
 from agent.controller.config import (
     ControllerConfig,
     cluster_addresses,
@@ -70,10 +66,7 @@ from agent.controller.service_status import (
     problem_event,
 )
 from agent.kube.events import Event, EventGate, EventSink
-from agent.kube.lists import ListFn, list_all
 from agent.kube.node_report import (
-    REPORT_LABEL,
-    REPORT_LABEL_VALUE,
     NodeReport,
     next_expiry,
     parse_report,
@@ -87,7 +80,6 @@ from agent.model.pools import PoolSet
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "nodelb-controller"
-MERGE_PATCH = "application/merge-patch+json"
 METRICS_PERIOD = 1.0  # seconds between two exports of the pool gauges
 REFUSED_RECHECK = 60.0  # seconds before unchanged refused content is checked again
 
@@ -143,10 +135,17 @@ def namespace_labels(obj: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
 class Controller:
     """The allocation controller; start with `run(stop)` (blocks until stop is set)."""
 
-    def __init__(self, api: Any, settings: ControllerSettings, *, events: EventSink) -> None:
+    def __init__(
+        self,
+        api: ControllerAPI,
+        settings: ControllerSettings,
+        *,
+        events: EventSink,
+        clock: Clock | None = None,
+    ) -> None:
         self._settings = settings
-        self._core = client.CoreV1Api(api)
-        self._coord = client.CoordinationV1Api(api)
+        self._api = api
+        self._clock = clock or SystemClock()
         self._events = events
         self._gate = EventGate()
         self._limiter = ExhaustionLimiter()
@@ -173,36 +172,31 @@ class Controller:
         self.reports: Store[NodeReport] = Store(parse_report)
         self.ready = threading.Event()
         self.elector = LeaderElector(
-            self._coord,
+            api,
             namespace=settings.namespace,
             name=LEASE_NAME,
             identity=settings.identity,
             timing=settings.election,
             on_change=self._on_leadership,
+            clock=self._clock,
         )
+        watched = api.watched(report_namespace=settings.namespace)
         self._reflectors: list[Reflector[Any]] = [
             Reflector(
                 name="services",
-                list_fn=cast(ListFn, self._core.list_service_for_all_namespaces),
+                list_fn=watched.services,
                 store=self.services,
                 on_changes=self._on_services,
             ),
             Reflector(
                 name="namespaces",
-                list_fn=cast(ListFn, self._core.list_namespace),
+                list_fn=watched.namespaces,
                 store=self.namespaces,
                 on_changes=self._on_namespaces,
             ),
             Reflector(
                 name="reports",
-                list_fn=cast(
-                    ListFn,
-                    functools.partial(
-                        self._coord.list_namespaced_lease,
-                        settings.namespace,
-                        label_selector=f"{REPORT_LABEL}={REPORT_LABEL_VALUE}",
-                    ),
-                ),
+                list_fn=watched.reports,
                 store=self.reports,
                 on_changes=self._on_reports,
             ),
@@ -284,7 +278,7 @@ class Controller:
         if stop.is_set():
             return
         self._finish_writes()
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if now >= self._next_reload:
             self._next_reload = now + self._settings.reload_period
             if self._load_config(initial=False):
@@ -313,10 +307,10 @@ class Controller:
                     self._dirty.update(keys)
                 return
             self._process(key, views[key])
-        self._export_pool_metrics(time.monotonic())
+        self._export_pool_metrics(self._clock.monotonic())
 
     def _next_wake(self) -> float:
-        now = time.monotonic()
+        now = self._clock.monotonic()
         due = [self._timers[0][0]] if self._timers else []
         due.append(self._next_reload)
         return min(due) - now
@@ -341,7 +335,7 @@ class Controller:
         every Node, which a large cluster should not pay every 2 s for a file nobody changed.
         """
         path = self._settings.config_path
-        now = time.monotonic()
+        now = self._clock.monotonic()
         digest = b""
         try:
             raw = read_document(path) if path is not None else {}
@@ -351,15 +345,14 @@ class Controller:
             refused = self._refused
             if refused is not None and refused.digest == digest and now < refused.recheck_at:
                 return False
-            nodes: Any = self._core.list_node(_preload_content=False)
-            cluster = cluster_addresses(orjson.loads(nodes.data).get("items") or [])
+            cluster = cluster_addresses(self._api.list_nodes())
             cfg = parse_controller_config(raw, cluster=cluster)
         except ConfigError as exc:
             self._refuse(_Refusal(digest, str(exc), now + REFUSED_RECHECK))
             if initial and self._config is None:
                 raise
             return False
-        except ApiException as exc:  # could not check it: try again at the next period
+        except APIError as exc:  # could not check it: try again at the next period
             metrics.CONFIG_RELOADS.labels("error").inc()
             log.error("configuration not checked; keeping the previous one: %s", exc)
             if initial and self._config is None:
@@ -385,7 +378,7 @@ class Controller:
     def _rebuild(self) -> list[str]:
         """Rebuild the allocator from a fresh LIST; return every Service key to (re)process."""
         assert self._config is not None and self._config.pools is not None
-        raw = list_all(cast(ListFn, self._core.list_service_for_all_namespaces))
+        raw = self._api.list_services()
         views = [self._parse_view(obj) for obj in raw]
         requests = [self._with_namespace(v) for v in views if v.request is not None]
         allocator = Allocator(self._config.pools, released=self._released)
@@ -409,7 +402,7 @@ class Controller:
         if key in self._inflight:
             self._deferred.add(key)  # one write per Service at a time; redo it afterwards
             return
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if view is None:
             result = self._allocator.release(key, now=now)
             self._limiter.forget(service=key)
@@ -437,7 +430,7 @@ class Controller:
             request,
             result,
             serving_ips=self._serving,
-            now=datetime.datetime.now(datetime.UTC),
+            now=self._clock.wall(),
         )
         if plan is None:
             self._report(problem)  # the status already says it
@@ -454,19 +447,13 @@ class Controller:
         if not self.elector.is_leader():
             return WriteOutcome.NOT_LEADER
         try:
-            self._core.patch_namespaced_service_status(
-                write.view.name,
-                write.view.namespace,
-                write.plan.patch(write.view.resource_version),
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
+            result = self._api.patch_service_status(
+                write.view.namespace, write.view.name, write.plan.patch(write.view.resource_version)
             )
-        except ApiException as exc:
-            if exc.status in (404, 409):
-                return WriteOutcome.CONFLICT
+        except APIError as exc:
             log.warning("status write failed", extra={"service": write.key, "error": str(exc)})
             return WriteOutcome.ERROR
-        return WriteOutcome.OK
+        return WriteOutcome.CONFLICT if result is PatchResult.CONFLICT else WriteOutcome.OK
 
     def _completed(self, write: _Write, future: Future[WriteOutcome]) -> None:
         exc = future.exception()
@@ -479,7 +466,7 @@ class Controller:
         """Account for the writes that completed (worker thread: all state changes happen here)."""
         with self._cond:
             done, self._completions = self._completions, []
-        now = time.monotonic()
+        now = self._clock.monotonic()
         for write, outcome in done:
             self._inflight.discard(write.key)
             if write.key in self._deferred:
@@ -523,12 +510,12 @@ class Controller:
 
     def _retry_waiting(self) -> None:
         """An address was freed: retry every Service waiting on a full pool now."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         for key in self._limiter.waiting_services():
             self._retry(key, now)
 
     def _report(self, event: Event | None) -> None:
-        if event is not None and self._gate.admit(event, time.monotonic()):
+        if event is not None and self._gate.admit(event, self._clock.monotonic()):
             self._events.record(event)
 
     # -- serving ---------------------------------------------------------------------------
@@ -536,7 +523,7 @@ class Controller:
     def _serving_changed(self) -> set[str]:
         """Recompute the served IPs; return the Services whose Serving may have changed."""
         assert self._allocator is not None
-        wall = datetime.datetime.now(datetime.UTC)
+        wall = self._clock.wall()
         reports = list(self.reports.items().values())
         serving = serving_ips(reports, wall)
         changed = serving ^ self._serving
@@ -544,7 +531,7 @@ class Controller:
         expiry = next_expiry(reports, wall)
         if expiry is not None:
             delay = (expiry - wall).total_seconds()
-            self._schedule_report_check(time.monotonic() + delay + 0.05)
+            self._schedule_report_check(self._clock.monotonic() + delay + 0.05)
         keys: set[str] = set()
         for ip in changed:
             keys.update(self._allocator.holders_of(ip))

@@ -1,0 +1,220 @@
+"""What the controller needs from the outside world: a narrow API interface, and the clocks.
+
+`ControllerAPI` is every request the controller makes (its watches aside): one consistent
+list of every Service, a status patch guarded by resourceVersion, the list of Nodes a pool
+configuration is checked against, and the Lease calls of the leader election (`LeaseAPI`).
+Objects go in and come out as raw dicts parsed with orjson (`_preload_content=False`), never
+through the client's model classes (docs/decisions.md). `KubeControllerAPI` is the real one
+over the kubernetes client; the unit tests use an in-memory fake that enforces
+resourceVersion the way the apiserver does.
+
+`Clock` is the monotonic time (timers, Lease expiry as this process saw it) and the wall time
+(written into Leases and condition timestamps); the loop and the elector take one, so tests
+move time by hand and never sleep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import enum
+import functools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import orjson
+import urllib3.exceptions
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from agent.kube.lists import ListFn, list_all
+from agent.kube.node_report import REPORT_LABEL, REPORT_LABEL_VALUE
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class APIError(Exception):
+    """A request the API server refused, or could not be sent (`status` None: no answer)."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class PatchResult(enum.StrEnum):
+    """How a guarded status patch ended, when the server answered it."""
+
+    OK = "ok"
+    CONFLICT = "conflict"  # 409: the resourceVersion moved on since the view; 404: deleted
+
+
+@dataclass(frozen=True, slots=True)
+class Watched:
+    """The list calls the controller's reflectors list and watch (raw responses)."""
+
+    services: ListFn
+    namespaces: ListFn
+    reports: ListFn  # node report Leases, in the controller's namespace
+
+
+class LeaseAPI(Protocol):
+    """The Lease requests of the leader election (agent.controller.leader)."""
+
+    def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return the raw Lease, or None when it does not exist."""
+        ...
+
+    def create_lease(self, namespace: str, body: dict[str, Any]) -> bool:
+        """Return True when the Lease was created, False when another candidate was first."""
+        ...
+
+    def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> bool:
+        """Return True when written, False when refused for the body's resourceVersion.
+
+        The body carries the resourceVersion it was computed from; a Lease that changed
+        since (another candidate wrote first) is not overwritten.
+        """
+        ...
+
+
+class ControllerAPI(LeaseAPI, Protocol):
+    """Every request the controller makes; each raises APIError for other failures."""
+
+    def list_services(self) -> list[dict[str, Any]]:
+        """Return every Service, from one consistent (paginated) read."""
+        ...
+
+    def patch_service_status(self, namespace: str, name: str, patch: dict[str, Any]) -> PatchResult:
+        """Return how a JSON merge patch of a Service's status ended.
+
+        `patch` carries metadata.resourceVersion: the server applies it only to that version
+        (CONFLICT otherwise, or when the Service is gone).
+        """
+        ...
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        """Return every Node (what a pool configuration must not overlap)."""
+        ...
+
+    def watched(self, *, report_namespace: str) -> Watched:
+        """Return the list calls for the reflectors (node reports from `report_namespace`)."""
+        ...
+
+
+class Clock(Protocol):
+    """The two clocks the controller reads."""
+
+    def monotonic(self) -> float:
+        """Return seconds on a monotonic origin (timers, expiry as this process saw it)."""
+        ...
+
+    def wall(self) -> datetime.datetime:
+        """Return the current UTC time (what is written for people and other machines)."""
+        ...
+
+
+class SystemClock:
+    """The real clocks."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> datetime.datetime:
+        return datetime.datetime.now(datetime.UTC)
+
+
+@contextlib.contextmanager
+def _as_api_error() -> Iterator[None]:
+    """Raise the client's errors as APIError: an answer with its status, or no answer."""
+    try:
+        yield
+    except ApiException as exc:
+        raise APIError(f"HTTP {exc.status}: {exc.reason}", status=exc.status) from exc
+    except urllib3.exceptions.HTTPError as exc:
+        raise APIError(f"no answer: {exc}") from exc
+
+
+class KubeControllerAPI:
+    """ControllerAPI over the kubernetes client (an ApiClient)."""
+
+    def __init__(self, api_client: Any) -> None:
+        self._core = client.CoreV1Api(api_client)
+        self._coord = client.CoordinationV1Api(api_client)
+
+    def list_services(self) -> list[dict[str, Any]]:
+        with _as_api_error():
+            return list_all(cast(ListFn, self._core.list_service_for_all_namespaces))
+
+    def patch_service_status(self, namespace: str, name: str, patch: dict[str, Any]) -> PatchResult:
+        try:
+            with _as_api_error():
+                self._core.patch_namespaced_service_status(
+                    name,
+                    namespace,
+                    patch,
+                    _content_type=MERGE_PATCH,
+                    _preload_content=False,
+                )
+        except APIError as exc:
+            if exc.status in (404, 409):
+                return PatchResult.CONFLICT
+            raise
+        return PatchResult.OK
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        with _as_api_error():
+            raw: Any = self._core.list_node(_preload_content=False)
+        items: list[dict[str, Any]] = orjson.loads(raw.data).get("items") or []
+        return items
+
+    def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            with _as_api_error():
+                raw: Any = self._coord.read_namespaced_lease(
+                    name, namespace, _preload_content=False
+                )
+        except APIError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        lease: dict[str, Any] = orjson.loads(raw.data)
+        return lease
+
+    def create_lease(self, namespace: str, body: dict[str, Any]) -> bool:
+        return self._written(
+            functools.partial(self._coord.create_namespaced_lease, namespace, cast(Any, body))
+        )
+
+    def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> bool:
+        return self._written(
+            functools.partial(
+                self._coord.replace_namespaced_lease, name, namespace, cast(Any, body)
+            )
+        )
+
+    @staticmethod
+    def _written(call: functools.partial[Any]) -> bool:
+        try:
+            with _as_api_error():
+                call(_preload_content=False)
+        except APIError as exc:
+            if exc.status in (409, 422):  # another candidate wrote first
+                return False
+            raise
+        return True
+
+    def watched(self, *, report_namespace: str) -> Watched:
+        return Watched(
+            services=cast(ListFn, self._core.list_service_for_all_namespaces),
+            namespaces=cast(ListFn, self._core.list_namespace),
+            reports=cast(
+                ListFn,
+                functools.partial(
+                    self._coord.list_namespaced_lease,
+                    report_namespace,
+                    label_selector=f"{REPORT_LABEL}={REPORT_LABEL_VALUE}",
+                ),
+            ),
+        )
