@@ -20,6 +20,8 @@ from agent.config import AgentConfig, ConfigError, parse_config
 from agent.model.net import IPAddress, IPNetwork
 from agent.model.pools import Forbidden, PoolError, PoolSet, parse_pools
 
+REFUSED_RECHECK = 60.0  # seconds before unchanged refused content is checked again
+
 
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
@@ -27,6 +29,15 @@ class ControllerConfig:
 
     agent: AgentConfig
     pools: PoolSet | None
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The last configuration refused: its digest (empty when unreadable) and the reason."""
+
+    digest: bytes
+    message: str
+    recheck_at: float  # monotonic: check the same content against the Nodes again after this
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,6 @@ rules in place; a change, or a report expiring, re-evaluates the Services using 
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import heapq
 import logging
@@ -45,17 +44,19 @@ from agent.controller.allocator import (
     AllocationReason,
     AllocationResult,
     Allocator,
-    allocation_order,
 )
 from agent.controller.api import APIError, Clock, ControllerAPI, PatchResult, SystemClock
 from agent.controller.config import (
+    REFUSED_RECHECK,
     ControllerConfig,
+    Refusal,
     cluster_addresses,
     parse_controller_config,
     read_document,
 )
 from agent.controller.exhaustion import ExhaustionLimiter
 from agent.controller.leader import ElectionTiming, LeaderElector
+from agent.controller.reconcile import in_allocation_order, pool_usage
 from agent.controller.request import ServiceRequest
 from agent.controller.service_status import (
     ServiceView,
@@ -65,6 +66,7 @@ from agent.controller.service_status import (
     plan_status,
     problem_event,
 )
+from agent.controller.writes import WriteOutcome
 from agent.kube.events import Event, EventGate, EventSink
 from agent.kube.node_report import (
     NodeReport,
@@ -74,14 +76,12 @@ from agent.kube.node_report import (
 )
 from agent.kube.reflector import Reflector
 from agent.kube.store import Change, Store
-from agent.model.net import IPAddress, IPFamily
-from agent.model.pools import PoolSet
+from agent.model.net import IPAddress
 
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "nodelb-controller"
 METRICS_PERIOD = 1.0  # seconds between two exports of the pool gauges
-REFUSED_RECHECK = 60.0  # seconds before unchanged refused content is checked again
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,15 +98,6 @@ class ControllerSettings:
     write_concurrency: int = 4  # status patches in flight (one per Service at most)
 
 
-class WriteOutcome(enum.StrEnum):
-    """How a status write ended (the values are the metric's result label)."""
-
-    OK = "ok"
-    CONFLICT = "conflict"  # 409 stale resourceVersion, or 404 deleted meanwhile
-    ERROR = "error"
-    NOT_LEADER = "not_leader"  # not sent: leadership lapsed before it left
-
-
 @dataclass(frozen=True, slots=True)
 class _Write:
     key: str
@@ -115,15 +106,6 @@ class _Write:
     plan: StatusPlan
     reallocated: str | None
     problem: Event | None  # the Warning about the request, sent once this write succeeded
-
-
-@dataclass(frozen=True, slots=True)
-class _Refusal:
-    """The last configuration refused: its digest (empty when unreadable) and the reason."""
-
-    digest: bytes
-    message: str
-    recheck_at: float  # monotonic: check the same content against the Nodes again after this
 
 
 def namespace_labels(obj: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -164,7 +146,7 @@ class Controller:
         self._serving: frozenset[IPAddress] = frozenset()
         self._config: ControllerConfig | None = None
         self._config_digest = b""
-        self._refused: _Refusal | None = None
+        self._refused: Refusal | None = None
         self._next_reload = 0.0
         self._next_metrics = 0.0
         self.services: Store[ServiceView] = Store(self._parse_view)
@@ -301,7 +283,7 @@ class Controller:
             keys |= self._serving_changed()
         keys |= due
         views = {k: self.services.get(k) for k in keys}
-        for key in _in_allocation_order(views):
+        for key in in_allocation_order(views):
             if not self.elector.is_leader():
                 with self._cond:
                     self._dirty.update(keys)
@@ -348,7 +330,7 @@ class Controller:
             cluster = cluster_addresses(self._api.list_nodes())
             cfg = parse_controller_config(raw, cluster=cluster)
         except ConfigError as exc:
-            self._refuse(_Refusal(digest, str(exc), now + REFUSED_RECHECK))
+            self._refuse(Refusal(digest, str(exc), now + REFUSED_RECHECK))
             if initial and self._config is None:
                 raise
             return False
@@ -365,7 +347,7 @@ class Controller:
         log.info("configuration loaded", extra={"pools": pools})
         return not initial
 
-    def _refuse(self, refusal: _Refusal) -> None:
+    def _refuse(self, refusal: Refusal) -> None:
         last = self._refused
         self._refused = refusal
         if last is not None and (last.digest, last.message) == (refusal.digest, refusal.message):
@@ -555,26 +537,6 @@ class Controller:
 
 
 _REPORTS = "\x00reports"  # a timer key that re-checks report expiry instead of a Service
-
-
-def _in_allocation_order(views: dict[str, ServiceView | None]) -> list[str]:
-    """Return keys oldest Service first; deletions (and the report timer) first of all."""
-    gone = sorted(k for k, v in views.items() if v is None)
-    present = [v for v in views.values() if v is not None]
-    parsed = allocation_order(v.request for v in present if v.request is not None)
-    broken = sorted(v.key for v in present if v.request is None)
-    return gone + [r.key for r in parsed] + broken
-
-
-def pool_usage(pools: PoolSet, held: list[IPAddress]) -> list[tuple[str, str, int, int]]:
-    """Return (pool, family, size, addresses of `held` in it) for every pool and family."""
-    out = []
-    for pool in pools.pools:
-        for version in sorted(pool.families()):
-            family = IPFamily.IPV4 if version == 4 else IPFamily.IPV6
-            used = sum(1 for ip in held if ip.version == version and pool.contains(ip))
-            out.append((pool.name, family.value, pool.size(version), used))
-    return out
 
 
 def _event(view: ServiceView, type_: str, reason: str, message: str) -> Event:
