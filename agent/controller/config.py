@@ -4,16 +4,25 @@ The controller and the agents read the same file (one ConfigMap). The agents onl
 addresses; the controller needs the whole pool definitions, validated against what the
 cluster already uses: node addresses and pod CIDRs come from the Node objects (or the
 ``localCIDRs`` setting), service CIDRs from ``serviceCIDRs``.
+
+The controller re-reads the file every reload period. `config_verdict` and `refuse` decide
+what a reload does (pure): content already loaded costs nothing; a refused file is reported
+once per distinct refusal, not at every period, and the same refused content is checked
+against the Nodes again only every REFUSED_RECHECK seconds — each check lists every Node,
+which a large cluster should not pay every 2 s for a file nobody changed.
 """
 
 from __future__ import annotations
 
+import enum
+import hashlib
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 
 from agent.config import AgentConfig, ConfigError, parse_config
@@ -38,6 +47,52 @@ class Refusal:
     digest: bytes
     message: str
     recheck_at: float  # monotonic: check the same content against the Nodes again after this
+
+
+class ConfigVerdict(enum.StrEnum):
+    """What a reload does with the file it read."""
+
+    UNCHANGED = "Unchanged"  # the content is what is loaded already
+    REFUSED_RECENTLY = "RefusedRecently"  # this content was refused less than a recheck ago
+    CHECK = "Check"  # new content, or a refusal old enough: check it against the Nodes
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The refusal to remember, and whether to report it (log line and metric)."""
+
+    refusal: Refusal
+    report: bool
+
+
+def config_digest(raw: Mapping[str, Any]) -> bytes:
+    """Return a digest of the parsed file's content (key order and formatting do not count)."""
+    return hashlib.sha256(orjson.dumps(raw, option=orjson.OPT_SORT_KEYS)).digest()
+
+
+def config_verdict(
+    digest: bytes, *, loaded: bytes, refused: Refusal | None, initial: bool, now: float
+) -> ConfigVerdict:
+    """Return what to do with content of `digest` (`loaded`: the digest in force).
+
+    The first load (`initial`) always checks. `now` is monotonic, like `refused.recheck_at`.
+    """
+    if digest == loaded and not initial:
+        return ConfigVerdict.UNCHANGED
+    if refused is not None and refused.digest == digest and now < refused.recheck_at:
+        return ConfigVerdict.REFUSED_RECENTLY
+    return ConfigVerdict.CHECK
+
+
+def refuse(last: Refusal | None, *, digest: bytes, message: str, now: float) -> Refused:
+    """Return the refusal of content `digest` for `message`, reported unless `last` said it.
+
+    `digest` is empty when the file could not be read at all. The same content refused for a
+    new reason (a Node now overlaps a pool) is a new refusal and is reported.
+    """
+    refusal = Refusal(digest, message, now + REFUSED_RECHECK)
+    same = last is not None and (last.digest, last.message) == (digest, message)
+    return Refused(refusal, report=not same)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,19 +1,26 @@
-"""The allocation controller: watches Services, allocates while it leads, writes status.
+"""The allocation controller's loop: watches Services, allocates while it leads, writes status.
 
-The shell around the pure allocator (allocator.py), the conditions (conditions.py) and the
-status planner (service_status.py). One worker thread makes every decision, so the
-allocator needs no locks; reflector threads only mark keys dirty.
+The imperative shell around the decisions, which are pure and live elsewhere:
+agent/controller/reconcile.py (one Service: allocation, status plan, Events and when they go,
+retries; the order of a round and where it stops; takeover; serving and report expiry),
+agent/controller/writes.py (one write in flight per Service, and what each outcome leads
+to), agent/controller/config.py (reloads and the refused-configuration cache), on top of the
+allocator, the conditions and the status planner. This module has the threads, the condition
+variable, the reflectors, the writer pool, and the calls: it reads the API through
+`ControllerAPI` and the time from an injected `Clock`, hands both to those functions, and
+sends what they return. One worker thread makes every decision (`step`), so the allocator
+needs no locks; reflector threads only mark keys dirty, writer threads only send patches.
 
 **Becoming leader** (and after a pool reload): the controller reads every Service with a fresh
 LIST — not the watch cache, which may lag behind the previous leader's last writes — records
-the addresses already in status (`Allocator.record_existing`: oldest owner keeps a duplicate),
-then allocates in creationTimestamp/UID order and writes what changed.
+the addresses already in status (`adopt`: the oldest owner keeps a duplicate), then allocates
+in creationTimestamp/UID order and writes what changed.
 
 **Writes** are JSON merge patches of status carrying the resourceVersion they were computed
 from: a write based on a stale view fails with 409 and the key is retried once the watch
-delivers the new version. Before every write the controller checks it still holds the Lease
-within its renew deadline (`LeaderElector.is_leader`), so a leader cut off from the API stops
-writing before another may start.
+delivers the new version. Right before every write the controller checks it still holds the
+Lease within its renew deadline (`LeaderElector.is_leader`), and before every Service of a
+round, so a leader cut off from the API stops writing before another may start.
 
 **Waiting Services**: a pool-exhausted Service is retried with backoff and gets rate-limited
 PoolExhausted Warnings (agent.controller.exhaustion); whenever an address is released every
@@ -26,54 +33,48 @@ rules in place; a change, or a report expiring, re-evaluates the Services using 
 
 from __future__ import annotations
 
-import hashlib
-import heapq
 import logging
 import threading
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from agent.config import ConfigError
 from agent.controller import metrics
-from agent.controller.allocator import (
-    AllocationReason,
-    AllocationResult,
-    Allocator,
-)
+from agent.controller.allocator import Allocator
 from agent.controller.api import APIError, Clock, ControllerAPI, PatchResult, SystemClock
 from agent.controller.config import (
-    REFUSED_RECHECK,
+    ConfigVerdict,
     ControllerConfig,
     Refusal,
     cluster_addresses,
+    config_digest,
+    config_verdict,
     parse_controller_config,
     read_document,
+    refuse,
 )
 from agent.controller.exhaustion import ExhaustionLimiter
 from agent.controller.leader import ElectionTiming, LeaderElector
-from agent.controller.reconcile import in_allocation_order, pool_usage
-from agent.controller.request import ServiceRequest
-from agent.controller.service_status import (
-    ServiceView,
-    StatusPlan,
-    allocation_events,
-    parse_view,
-    plan_status,
-    problem_event,
+from agent.controller.reconcile import (
+    BatchEnd,
+    Labels,
+    Reconcile,
+    RetryTimers,
+    StatusWrite,
+    adopt,
+    in_allocation_order,
+    pool_usage,
+    reconcile,
+    run_batch,
+    update_serving,
 )
-from agent.controller.writes import WriteOutcome
+from agent.controller.service_status import ServiceView, parse_view
+from agent.controller.writes import RetryDelays, WriteOutcome, WritesInFlight
 from agent.kube.events import Event, EventGate, EventSink
-from agent.kube.node_report import (
-    NodeReport,
-    next_expiry,
-    parse_report,
-    serving_ips,
-)
+from agent.kube.node_report import NodeReport, parse_report
 from agent.kube.reflector import Reflector
 from agent.kube.store import Change, Store
 from agent.model.net import IPAddress
@@ -82,6 +83,7 @@ log = logging.getLogger(__name__)
 
 LEASE_NAME = "nodelb-controller"
 METRICS_PERIOD = 1.0  # seconds between two exports of the pool gauges
+MAX_WAIT = 1.0  # seconds the loop sleeps at most with nothing due
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,24 +100,19 @@ class ControllerSettings:
     write_concurrency: int = 4  # status patches in flight (one per Service at most)
 
 
-@dataclass(frozen=True, slots=True)
-class _Write:
-    key: str
-    view: ServiceView
-    result: AllocationResult
-    plan: StatusPlan
-    reallocated: str | None
-    problem: Event | None  # the Warning about the request, sent once this write succeeded
-
-
-def namespace_labels(obj: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+def namespace_labels(obj: Mapping[str, Any]) -> Labels:
     """Return a Namespace's labels, sorted (what pool namespace selectors match)."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
     return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
 
 
 class Controller:
-    """The allocation controller; start with `run(stop)` (blocks until stop is set)."""
+    """The allocation controller; start with `run(stop)` (blocks until stop is set).
+
+    `writer` runs the status patches (a pool of `write_concurrency` threads by default; tests
+    pass one that runs them when told). Tests call `step()` instead of `run()` and feed the
+    stores through `on_services` / `on_namespaces` / `on_reports`, as the reflectors do.
+    """
 
     def __init__(
         self,
@@ -124,22 +121,26 @@ class Controller:
         *,
         events: EventSink,
         clock: Clock | None = None,
+        writer: Executor | None = None,
     ) -> None:
         self._settings = settings
         self._api = api
         self._clock = clock or SystemClock()
         self._events = events
+        self._delays = RetryDelays(settings.conflict_retry, settings.error_retry)
         self._gate = EventGate()
         self._limiter = ExhaustionLimiter()
         self._cond = threading.Condition()
         self._dirty: set[str] = set()
         self._reports_changed = False
         self._leadership_changed = False
-        self._timers: list[tuple[float, str]] = []
-        self._writer = ThreadPoolExecutor(settings.write_concurrency, thread_name_prefix="write")
-        self._inflight: set[str] = set()
-        self._deferred: set[str] = set()
-        self._completions: list[tuple[_Write, WriteOutcome]] = []
+        self._timers = RetryTimers()
+        self._report_check_at: float | None = None
+        self._writer = writer or ThreadPoolExecutor(
+            settings.write_concurrency, thread_name_prefix="write"
+        )
+        self._writes = WritesInFlight()
+        self._completions: list[tuple[StatusWrite, WriteOutcome]] = []
         self._allocator: Allocator | None = None
         self._released: dict[IPAddress, float] = {}
         self._reallocated: dict[str, str] = {}
@@ -150,7 +151,7 @@ class Controller:
         self._next_reload = 0.0
         self._next_metrics = 0.0
         self.services: Store[ServiceView] = Store(self._parse_view)
-        self.namespaces: Store[tuple[tuple[str, str], ...]] = Store(namespace_labels)
+        self.namespaces: Store[Labels] = Store(namespace_labels)
         self.reports: Store[NodeReport] = Store(parse_report)
         self.ready = threading.Event()
         self.elector = LeaderElector(
@@ -168,19 +169,19 @@ class Controller:
                 name="services",
                 list_fn=watched.services,
                 store=self.services,
-                on_changes=self._on_services,
+                on_changes=self.on_services,
             ),
             Reflector(
                 name="namespaces",
                 list_fn=watched.namespaces,
                 store=self.namespaces,
-                on_changes=self._on_namespaces,
+                on_changes=self.on_namespaces,
             ),
             Reflector(
                 name="reports",
                 list_fn=watched.reports,
                 store=self.reports,
-                on_changes=self._on_reports,
+                on_changes=self.on_reports,
             ),
         ]
 
@@ -192,14 +193,17 @@ class Controller:
         classless = cfg.agent.handle_classless if cfg else True
         return parse_view(obj, lb_class=lb_class, handle_classless=classless)
 
-    def _on_services(self, changes: list[Change[ServiceView]]) -> None:
+    def on_services(self, changes: list[Change[ServiceView]]) -> None:
+        """Mark the changed Services (reflector thread)."""
         self._mark(c.key for c in changes)
 
-    def _on_namespaces(self, changes: list[Change[tuple[tuple[str, str], ...]]]) -> None:
+    def on_namespaces(self, changes: list[Change[Labels]]) -> None:
+        """Mark the Services of Namespaces whose labels changed (pool selectors may differ)."""
         names = {c.key for c in changes}
         self._mark(k for k in self.services.items() if k.split("/", 1)[0] in names)
 
-    def _on_reports(self, changes: list[Change[NodeReport]]) -> None:
+    def on_reports(self, changes: list[Change[NodeReport]]) -> None:
+        """Note that the node reports changed (reflector thread)."""
         with self._cond:
             self._reports_changed = True
             self._cond.notify()
@@ -234,7 +238,9 @@ class Controller:
                 stop.wait(0.05)
             self.ready.set()
             while not stop.is_set():
-                self._iterate(stop)
+                self._wait()
+                if not stop.is_set():
+                    self.step()
         finally:
             for r in self._reflectors:
                 r.close()
@@ -245,7 +251,8 @@ class Controller:
                 t.join(timeout=10)
             self._writer.shutdown(wait=True, cancel_futures=True)
 
-    def _iterate(self, stop: threading.Event) -> None:
+    def _wait(self) -> None:
+        """Sleep until something is marked, changed or completed, or a timer is due."""
         with self._cond:
             if not (
                 self._dirty
@@ -253,12 +260,18 @@ class Controller:
                 or self._leadership_changed
                 or self._completions
             ):
-                self._cond.wait(timeout=max(0.0, min(self._next_wake(), 1.0)))
+                self._cond.wait(timeout=max(0.0, min(self._next_wake(), MAX_WAIT)))
+
+    def _next_wake(self) -> float:
+        due = [self._next_reload, self._timers.next_at(), self._report_check_at]
+        return min(t for t in due if t is not None) - self._clock.monotonic()
+
+    def step(self) -> None:
+        """Do one round: what completed, was marked or came due since the last; never waits."""
+        with self._cond:
             keys, self._dirty = self._dirty, set()
             reports_changed, self._reports_changed = self._reports_changed, False
             self._leadership_changed = False
-        if stop.is_set():
-            return
         self._finish_writes()
         now = self._clock.monotonic()
         if now >= self._next_reload:
@@ -273,64 +286,56 @@ class Controller:
         if self._config is None or self._config.pools is None:
             return  # pools unset: nodelb does not allocate
         if self._allocator is None:
-            keys = set(self._rebuild())
+            keys |= self._rebuild()
             reports_changed = True
-        due = self._due_timers(now)
-        if _REPORTS in due:
-            due.discard(_REPORTS)
+        keys |= self._timers.due(now)
+        if self._report_check_at is not None and now >= self._report_check_at:
             reports_changed = True
         if reports_changed:
-            keys |= self._serving_changed()
-        keys |= due
+            keys |= self._update_serving()
         views = {k: self.services.get(k) for k in keys}
-        for key in in_allocation_order(views):
-            if not self.elector.is_leader():
-                with self._cond:
-                    self._dirty.update(keys)
-                return
-            self._process(key, views[key])
+        batch = run_batch(
+            in_allocation_order(views),
+            leading=self.elector.is_leader,
+            process=lambda key: self._process(key, views[key]),
+        )
+        if batch.end is BatchEnd.LEADERSHIP_LAPSED:
+            self._mark(batch.remaining)
+            return
         self._export_pool_metrics(self._clock.monotonic())
-
-    def _next_wake(self) -> float:
-        now = self._clock.monotonic()
-        due = [self._timers[0][0]] if self._timers else []
-        due.append(self._next_reload)
-        return min(due) - now
-
-    def _due_timers(self, now: float) -> set[str]:
-        keys: set[str] = set()
-        while self._timers and self._timers[0][0] <= now:
-            keys.add(heapq.heappop(self._timers)[1])
-        return keys
-
-    def _retry(self, key: str, at: float) -> None:
-        heapq.heappush(self._timers, (at, key))
 
     # -- configuration ---------------------------------------------------------------------
 
     def _load_config(self, *, initial: bool) -> bool:
         """Return True when a new, valid configuration was loaded (keeps the old on error).
 
-        A refused file is reported (log line, `nodelb_config_reloads_total{result="error"}`)
-        once per distinct refusal, not at every reload period, and the same refused content is
-        checked against the Nodes again only every REFUSED_RECHECK seconds: each check lists
-        every Node, which a large cluster should not pay every 2 s for a file nobody changed.
+        What a reload does with what it read is `config_verdict`'s and `refuse`'s decision
+        (agent/controller/config.py): unchanged content costs nothing, a refusal is reported
+        once, and refused content is checked against the Nodes again only now and then.
         """
         path = self._settings.config_path
         now = self._clock.monotonic()
         digest = b""
         try:
             raw = read_document(path) if path is not None else {}
-            digest = hashlib.sha256(orjson.dumps(raw, option=orjson.OPT_SORT_KEYS)).digest()
-            if digest == self._config_digest and not initial:
-                return False
-            refused = self._refused
-            if refused is not None and refused.digest == digest and now < refused.recheck_at:
+            digest = config_digest(raw)
+            verdict = config_verdict(
+                digest,
+                loaded=self._config_digest,
+                refused=self._refused,
+                initial=initial,
+                now=now,
+            )
+            if verdict is not ConfigVerdict.CHECK:
                 return False
             cluster = cluster_addresses(self._api.list_nodes())
             cfg = parse_controller_config(raw, cluster=cluster)
         except ConfigError as exc:
-            self._refuse(Refusal(digest, str(exc), now + REFUSED_RECHECK))
+            refused = refuse(self._refused, digest=digest, message=str(exc), now=now)
+            self._refused = refused.refusal
+            if refused.report:
+                metrics.CONFIG_RELOADS.labels("error").inc()
+                log.error("configuration refused; keeping the previous one: %s", exc)
             if initial and self._config is None:
                 raise
             return False
@@ -347,97 +352,85 @@ class Controller:
         log.info("configuration loaded", extra={"pools": pools})
         return not initial
 
-    def _refuse(self, refusal: Refusal) -> None:
-        last = self._refused
-        self._refused = refusal
-        if last is not None and (last.digest, last.message) == (refusal.digest, refusal.message):
-            return  # already reported
-        metrics.CONFIG_RELOADS.labels("error").inc()
-        log.error("configuration refused; keeping the previous one: %s", refusal.message)
-
     # -- allocation ------------------------------------------------------------------------
 
-    def _rebuild(self) -> list[str]:
+    def _rebuild(self) -> set[str]:
         """Rebuild the allocator from a fresh LIST; return every Service key to (re)process."""
         assert self._config is not None and self._config.pools is not None
-        raw = self._api.list_services()
-        views = [self._parse_view(obj) for obj in raw]
-        requests = [self._with_namespace(v) for v in views if v.request is not None]
-        allocator = Allocator(self._config.pools, released=self._released)
-        for moved in allocator.record_existing(requests):
+        views = [self._parse_view(obj) for obj in self._api.list_services()]
+        adoption = adopt(
+            views,
+            pools=self._config.pools,
+            namespace_labels=self._labels_of,
+            released=self._released,
+        )
+        for moved in adoption.reallocations:
             metrics.REALLOCATIONS.labels(moved.reason).inc()
             self._reallocated[moved.service] = moved.message
             log.warning("reallocating", extra={"service": moved.service, "why": moved.message})
-        self._allocator = allocator
+        self._allocator = adoption.allocator
         self._limiter = ExhaustionLimiter(self._limiter.backoff)
-        self._timers = []
+        self._timers = RetryTimers()
         log.info("allocation state rebuilt", extra={"services": len(views)})
-        return [v.key for v in views]
+        return set(adoption.keys)
 
-    def _with_namespace(self, view: ServiceView) -> ServiceRequest:
-        assert view.request is not None
-        labels = self.namespaces.get(view.namespace) or ()
-        return replace(view.request, namespace_labels=labels)
+    def _labels_of(self, namespace: str) -> Labels:
+        return self.namespaces.get(namespace) or ()
 
     def _process(self, key: str, view: ServiceView | None) -> None:
         assert self._allocator is not None
-        if key in self._inflight:
-            self._deferred.add(key)  # one write per Service at a time; redo it afterwards
-            return
-        now = self._clock.monotonic()
-        if view is None:
-            result = self._allocator.release(key, now=now)
-            self._limiter.forget(service=key)
-            self._gate.forget(*key.split("/", 1))
-            self._reallocated.pop(key, None)
-            if result.released:
-                self._retry_waiting()
-            return
-        if view.request is None:
-            self._report(problem_event(view, None))
-            return
-        request = self._with_namespace(view)
-        result = self._allocator.allocate(request, now=now)
-        if result.released:
-            self._retry_waiting()
-        if result.reason is AllocationReason.POOL_EXHAUSTED:
-            self._exhausted(view, result.pools, result.message, now)
-        else:
-            self._limiter.forget(service=key)
-        if not result.allocated and result.reason is not AllocationReason.NOT_OURS:
-            metrics.ALLOCATION_FAILURES.labels(result.reason).inc()
-        problem = problem_event(view, result)
-        plan = plan_status(
+        decided = reconcile(
+            key,
             view,
-            request,
-            result,
-            serving_ips=self._serving,
-            now=self._clock.wall(),
+            allocator=self._allocator,
+            limiter=self._limiter,
+            serving=self._serving,
+            namespace_labels=self._labels_of(key.split("/", 1)[0]),
+            reallocated=self._reallocated.get(key),
+            writing=key in self._writes,
+            now=self._clock.monotonic(),
+            wall=self._clock.wall(),
         )
-        if plan is None:
-            self._report(problem)  # the status already says it
-            return
-        # The Warning waits for the write: a reader who sees it must find the status (the
-        # Serving=False condition, no address) that it explains.
-        self._inflight.add(key)
-        write = _Write(key, view, result, plan, self._reallocated.pop(key, None), problem)
-        future = self._writer.submit(self._write, write)
-        future.add_done_callback(lambda f: self._completed(write, f))
+        self._writes.note(decided)
+        self._carry_out(decided)
 
-    def _write(self, write: _Write) -> WriteOutcome:
+    def _carry_out(self, decided: Reconcile) -> None:
+        """Send and schedule what `reconcile` decided (worker thread)."""
+        key = decided.key
+        if decided.forgets:
+            self._gate.forget(*key.split("/", 1))
+        if decided.uses_reallocation:
+            self._reallocated.pop(key, None)
+        now = self._clock.monotonic()
+        for waiting in decided.retry_now:
+            self._timers.at(waiting, now)
+        for at in decided.retry_at:
+            self._timers.at(key, at)
+        if decided.failure is not None:
+            metrics.ALLOCATION_FAILURES.labels(decided.failure).inc()
+        for warning in decided.pool_warnings:
+            metrics.POOL_EXHAUSTED_EVENTS.labels(warning.pool).inc()
+            self._events.record(warning.event)
+        self._report(decided.warning)
+        write = decided.write
+        if write is not None:
+            future = self._writer.submit(self._write, write)
+            future.add_done_callback(lambda f: self._completed(write, f))
+
+    def _write(self, write: StatusWrite) -> WriteOutcome:
         """Send one status patch (writer thread); the leader check is the last thing before it."""
         if not self.elector.is_leader():
             return WriteOutcome.NOT_LEADER
         try:
             result = self._api.patch_service_status(
-                write.view.namespace, write.view.name, write.plan.patch(write.view.resource_version)
+                write.view.namespace, write.view.name, write.patch()
             )
         except APIError as exc:
             log.warning("status write failed", extra={"service": write.key, "error": str(exc)})
             return WriteOutcome.ERROR
         return WriteOutcome.CONFLICT if result is PatchResult.CONFLICT else WriteOutcome.OK
 
-    def _completed(self, write: _Write, future: Future[WriteOutcome]) -> None:
+    def _completed(self, write: StatusWrite, future: Future[WriteOutcome]) -> None:
         exc = future.exception()
         outcome = WriteOutcome.ERROR if exc is not None else future.result()
         with self._cond:
@@ -445,56 +438,27 @@ class Controller:
             self._cond.notify()
 
     def _finish_writes(self) -> None:
-        """Account for the writes that completed (worker thread: all state changes happen here)."""
+        """Carry out what follows the writes that completed (worker thread)."""
         with self._cond:
             done, self._completions = self._completions, []
         now = self._clock.monotonic()
         for write, outcome in done:
-            self._inflight.discard(write.key)
-            if write.key in self._deferred:
-                self._deferred.discard(write.key)
+            follow = self._writes.complete(write.key, outcome, now=now, delays=self._delays)
+            if follow.redo:
                 self._mark([write.key])
-            if outcome is WriteOutcome.NOT_LEADER:
-                self._mark([write.key])
-                continue
-            metrics.STATUS_WRITES.labels(outcome.value).inc()
-            if outcome is WriteOutcome.CONFLICT:
-                # The watch brings the new version (or the deletion); retry in case it did not.
-                self._retry(write.key, now + self._settings.conflict_retry)
-            elif outcome is WriteOutcome.ERROR:
-                self._retry(write.key, now + self._settings.error_retry)
-            else:
+            if follow.counted:
+                metrics.STATUS_WRITES.labels(outcome.value).inc()
+            if follow.retry_at is not None:
+                self._timers.at(write.key, follow.retry_at)
+            if follow.announce:
                 self._announce(write)
 
-    def _announce(self, write: _Write) -> None:
-        self._report(write.problem)
-        for event in allocation_events(
-            write.view, write.result, write.plan, reallocated=write.reallocated
-        ):
-            if event.reason == "IPAllocated":
-                for pool in write.result.pools or ("",):
-                    metrics.ALLOCATIONS.labels(pool).inc()
+    def _announce(self, write: StatusWrite) -> None:
+        self._report(write.warning)
+        for pool in write.allocated_pools:
+            metrics.ALLOCATIONS.labels(pool).inc()
+        for event in write.events:
             self._events.record(event)
-
-    def _exhausted(
-        self, view: ServiceView, pools: tuple[str, ...], message: str, now: float
-    ) -> None:
-        for pool in pools or ("",):
-            decision = self._limiter.exhausted(service=view.key, pool=pool, now=now)
-            self._retry(view.key, decision.retry_at)
-            if decision.emit_event:
-                metrics.POOL_EXHAUSTED_EVENTS.labels(pool).inc()
-                self._events.record(
-                    _event(
-                        view, "Warning", "PoolExhausted", f"{message} (retry {decision.failures})"
-                    )
-                )
-
-    def _retry_waiting(self) -> None:
-        """An address was freed: retry every Service waiting on a full pool now."""
-        now = self._clock.monotonic()
-        for key in self._limiter.waiting_services():
-            self._retry(key, now)
 
     def _report(self, event: Event | None) -> None:
         if event is not None and self._gate.admit(event, self._clock.monotonic()):
@@ -502,25 +466,19 @@ class Controller:
 
     # -- serving ---------------------------------------------------------------------------
 
-    def _serving_changed(self) -> set[str]:
+    def _update_serving(self) -> frozenset[str]:
         """Recompute the served IPs; return the Services whose Serving may have changed."""
         assert self._allocator is not None
-        wall = self._clock.wall()
-        reports = list(self.reports.items().values())
-        serving = serving_ips(reports, wall)
-        changed = serving ^ self._serving
-        self._serving = serving
-        expiry = next_expiry(reports, wall)
-        if expiry is not None:
-            delay = (expiry - wall).total_seconds()
-            self._schedule_report_check(self._clock.monotonic() + delay + 0.05)
-        keys: set[str] = set()
-        for ip in changed:
-            keys.update(self._allocator.holders_of(ip))
-        return keys
-
-    def _schedule_report_check(self, at: float) -> None:
-        self._retry(_REPORTS, at)
+        update = update_serving(
+            self.reports.items().values(),
+            serving=self._serving,
+            holders_of=self._allocator.holders_of,
+            now=self._clock.monotonic(),
+            wall=self._clock.wall(),
+        )
+        self._serving = update.serving
+        self._report_check_at = update.next_check
+        return update.services
 
     def _export_pool_metrics(self, now: float) -> None:
         """Set the pool and unheld-IP gauges, at most once a second: they walk every held
@@ -534,10 +492,3 @@ class Controller:
             metrics.POOL_ADDRESSES.labels(pool, family).set(size)
             metrics.POOL_IN_USE.labels(pool, family).set(used)
         metrics.UNHELD_IPS.set(sum(1 for ip in held if ip not in self._serving))
-
-
-_REPORTS = "\x00reports"  # a timer key that re-checks report expiry instead of a Service
-
-
-def _event(view: ServiceView, type_: str, reason: str, message: str) -> Event:
-    return Event(view.ref(), type_, reason, message)

@@ -1,20 +1,349 @@
-"""What the controller decides, as pure functions of plain data (the loop carries it out)."""
+"""What the controller decides, as pure functions of plain data (the loop carries it out).
+
+- `reconcile` — one Service: its allocation, the status to write (`plan_status`), which
+  Events go and when, when to look at it again, and whether a write is needed at all.
+- `adopt` — taking over: an allocator that has recorded what status already says.
+- `in_allocation_order` and `run_batch` — which Services a round processes, in what order,
+  and where it stops when leadership lapses half-way.
+- `update_serving` — the served addresses after the node reports changed or one expired, the
+  Services that concerns, and when the next report expires.
+- `RetryTimers` — when each Service is due again (pool-exhausted backoff, failed writes).
+
+The allocator and the PoolExhausted limiter are state machines passed in (they do no I/O and
+read no clock); time arrives as arguments. Nothing here imports the API client, threads or
+the clock; `reconcile` and the others return values, and the loop sends what they say.
+"""
 
 from __future__ import annotations
 
-from agent.controller.allocator import allocation_order
-from agent.controller.service_status import ServiceView
+import datetime
+import enum
+import heapq
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from agent.controller.allocator import (
+    AllocationReason,
+    AllocationResult,
+    Allocator,
+    Reallocation,
+    allocation_order,
+)
+from agent.controller.exhaustion import ExhaustionLimiter
+from agent.controller.service_status import (
+    ServiceView,
+    StatusPlan,
+    allocation_events,
+    plan_status,
+    problem_event,
+)
+from agent.kube.events import Event
+from agent.kube.node_report import NodeReport, next_expiry, serving_ips
 from agent.model.net import IPAddress, IPFamily
 from agent.model.pools import PoolSet
 
+Labels = tuple[tuple[str, str], ...]
 
-def in_allocation_order(views: dict[str, ServiceView | None]) -> list[str]:
-    """Return keys oldest Service first; deletions (and the report timer) first of all."""
+REPORT_SLACK = 0.05  # s after a report's expiry before it is checked: it has surely expired then
+
+
+class Step(enum.StrEnum):
+    """What reconciling one Service came to."""
+
+    DEFERRED = "Deferred"  # its status write is in flight: reconcile it again once it completes
+    RELEASED = "Released"  # deleted: whatever it held is free
+    INVALID = "Invalid"  # it cannot be parsed: a Warning, nothing else
+    UP_TO_DATE = "UpToDate"  # status already says what it should: no write
+    WRITE = "Write"  # status must change: one write, and its Events once it succeeded
+
+
+@dataclass(frozen=True, slots=True)
+class StatusWrite:
+    """One status patch to send, and what goes out once it succeeded.
+
+    The Events wait for the write: a reader who sees one must find the status it explains
+    (the Serving=False condition and no address for a refused request, the new address for
+    an allocation). `allocated_pools` are counted in nodelb_allocations_total then.
+    """
+
+    key: str
+    view: ServiceView
+    plan: StatusPlan
+    warning: Event | None  # about the request (IPRequestInvalid); goes through the EventGate
+    events: tuple[Event, ...]  # what the addresses did (IPAllocated, IPReallocated, ...)
+    allocated_pools: tuple[str, ...]
+
+    def patch(self) -> dict[str, Any]:
+        """Return the merge patch, guarded by the resourceVersion the plan was computed from."""
+        return self.plan.patch(self.view.resource_version)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolWarning:
+    """A PoolExhausted Warning the rate limiter let through, and its pool (for the metric)."""
+
+    pool: str
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class Reconcile:
+    """What to do about one Service now; see `reconcile`.
+
+    `warning` goes now, through the EventGate (it repeats at most once per gate window);
+    `pool_warnings` go now as they are (the limiter already spaced them). `retry_at` are the
+    times to look at this Service again; `retry_now` the Services waiting on a full pool to
+    retry at once, because this one freed an address. `failure` is the reason counted in
+    nodelb_allocation_failures_total, None when the Service got its addresses (or is not ours).
+    """
+
+    key: str
+    step: Step
+    result: AllocationResult | None = None
+    write: StatusWrite | None = None
+    warning: Event | None = None
+    pool_warnings: tuple[PoolWarning, ...] = ()
+    retry_at: tuple[float, ...] = ()
+    retry_now: tuple[str, ...] = ()
+    failure: AllocationReason | None = None
+
+    @property
+    def forgets(self) -> bool:
+        """Return True when the Service is gone: drop what is remembered about its Events."""
+        return self.step is Step.RELEASED
+
+    @property
+    def uses_reallocation(self) -> bool:
+        """Return True when the pending reallocation message is used up (or moot: deleted)."""
+        return self.write is not None or self.step is Step.RELEASED
+
+
+def reconcile(
+    key: str,
+    view: ServiceView | None,
+    *,
+    allocator: Allocator,
+    limiter: ExhaustionLimiter,
+    serving: frozenset[IPAddress],
+    namespace_labels: Labels = (),
+    reallocated: str | None = None,
+    writing: bool = False,
+    now: float,
+    wall: datetime.datetime,
+) -> Reconcile:
+    """Return what to do about Service `key` (`view` None: it was deleted).
+
+    Updates `allocator` (the Service's addresses) and `limiter` (its PoolExhausted backoff).
+    `writing`: a status write for it is in flight — nothing is decided (DEFERRED), since a
+    second write computed from the same resourceVersion could only fail, and the allocator
+    must not move ahead of what status will say; the loop reconciles it again afterwards.
+    `reallocated` is the message of an address it lost at takeover (duplicate, outside the
+    pools), which turns its next address change into an IPReallocated Warning. `now` is
+    monotonic (allocator and backoff), `wall` the time for condition timestamps.
+    """
+    if writing:
+        return Reconcile(key, Step.DEFERRED)
+    if view is None:
+        released = allocator.release(key, now=now)
+        limiter.forget(service=key)
+        return Reconcile(key, Step.RELEASED, released, retry_now=_freed(released, limiter))
+    if view.request is None:
+        return Reconcile(key, Step.INVALID, warning=problem_event(view, None))
+    request = replace(view.request, namespace_labels=namespace_labels)
+    result = allocator.allocate(request, now=now)
+    retry_now = _freed(result, limiter)
+    pool_warnings: tuple[PoolWarning, ...] = ()
+    retry_at: tuple[float, ...] = ()
+    if result.reason is AllocationReason.POOL_EXHAUSTED:
+        pool_warnings, retry_at = _exhausted(view, result, limiter, now)
+    else:
+        limiter.forget(service=key)
+    failure = None
+    if not result.allocated and result.reason is not AllocationReason.NOT_OURS:
+        failure = result.reason
+    problem = problem_event(view, result)
+    plan = plan_status(view, request, result, serving_ips=serving, now=wall)
+    write = None
+    if plan is not None:
+        events = tuple(allocation_events(view, result, plan, reallocated=reallocated))
+        allocated = any(e.reason == "IPAllocated" for e in events)
+        pools = (result.pools or ("",)) if allocated else ()
+        write = StatusWrite(key, view, plan, problem, events, pools)
+    return Reconcile(
+        key,
+        Step.UP_TO_DATE if write is None else Step.WRITE,
+        result,
+        write=write,
+        warning=problem if write is None else None,  # with a write, it waits for the write
+        pool_warnings=pool_warnings,
+        retry_at=retry_at,
+        retry_now=retry_now,
+        failure=failure,
+    )
+
+
+def _freed(result: AllocationResult, limiter: ExhaustionLimiter) -> tuple[str, ...]:
+    # An address came free: everyone waiting on a full pool tries now, not after its backoff.
+    return tuple(limiter.waiting_services()) if result.released else ()
+
+
+def _exhausted(
+    view: ServiceView, result: AllocationResult, limiter: ExhaustionLimiter, now: float
+) -> tuple[tuple[PoolWarning, ...], tuple[float, ...]]:
+    warnings: list[PoolWarning] = []
+    retries: list[float] = []
+    for pool in result.pools or ("",):
+        decision = limiter.exhausted(service=view.key, pool=pool, now=now)
+        retries.append(decision.retry_at)
+        if decision.emit_event:
+            message = f"{result.message} (retry {decision.failures})"
+            event = Event(view.ref(), "Warning", "PoolExhausted", message)
+            warnings.append(PoolWarning(pool, event))
+    return tuple(warnings), tuple(retries)
+
+
+# -- taking over ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Adoption:
+    """An allocator that recorded every address in status, and what it refused to keep."""
+
+    allocator: Allocator
+    reallocations: tuple[Reallocation, ...]
+    keys: frozenset[str]  # every listed Service: each is reconciled next
+
+
+def adopt(
+    views: Iterable[ServiceView],
+    *,
+    pools: PoolSet,
+    namespace_labels: Callable[[str], Labels],
+    released: Mapping[IPAddress, float] | None = None,
+) -> Adoption:
+    """Return the allocator rebuilt from a fresh list of every Service (takeover, new pools).
+
+    `Allocator.record_existing` adopts what status already says, oldest owner first; the
+    Services it reports (a duplicate, an address outside every pool or of the wrong family)
+    are reallocated when they are reconciled. `released` seeds the reuse order.
+    """
+    listed = list(views)
+    requests = [
+        replace(v.request, namespace_labels=namespace_labels(v.namespace))
+        for v in listed
+        if v.request is not None
+    ]
+    allocator = Allocator(pools, released=released)
+    moved = allocator.record_existing(requests)
+    return Adoption(allocator, tuple(moved), frozenset(v.key for v in listed))
+
+
+# -- a round of work -----------------------------------------------------------------------
+
+
+def in_allocation_order(views: Mapping[str, ServiceView | None]) -> list[str]:
+    """Return keys oldest Service first; deletions first of all, unparseable Services last.
+
+    Deletions go first so that the addresses they free are there for the rest of the round.
+    """
     gone = sorted(k for k, v in views.items() if v is None)
     present = [v for v in views.values() if v is not None]
     parsed = allocation_order(v.request for v in present if v.request is not None)
     broken = sorted(v.key for v in present if v.request is None)
     return gone + [r.key for r in parsed] + broken
+
+
+class BatchEnd(enum.StrEnum):
+    """Why a round of reconciles ended."""
+
+    DONE = "Done"  # every Service was reconciled
+    LEADERSHIP_LAPSED = "LeadershipLapsed"  # stopped before a Service: no longer the leader
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """How a round went: the Services reconciled, and those left (to mark dirty again)."""
+
+    end: BatchEnd
+    processed: tuple[str, ...]
+    remaining: tuple[str, ...]
+
+
+def run_batch(
+    order: Sequence[str], *, leading: Callable[[], bool], process: Callable[[str], None]
+) -> Batch:
+    """Return how a round went: `process` each key in `order` while `leading()` holds.
+
+    Leadership is checked before every Service, not once per round: a leader cut off from the
+    API must stop allocating within its renew deadline however long the round is. The rest of
+    the round is left for whoever leads next (this replica again, after a rebuild).
+    """
+    for i, key in enumerate(order):
+        if not leading():
+            return Batch(BatchEnd.LEADERSHIP_LAPSED, tuple(order[:i]), tuple(order[i:]))
+        process(key)
+    return Batch(BatchEnd.DONE, tuple(order), ())
+
+
+@dataclass(slots=True)
+class RetryTimers:
+    """When each Service is due to be reconciled again (backoff, failed writes)."""
+
+    _heap: list[tuple[float, str]] = field(default_factory=list)
+
+    def at(self, key: str, when: float) -> None:
+        """Reconcile `key` again at `when` (monotonic); earlier timers of it still fire."""
+        heapq.heappush(self._heap, (when, key))
+
+    def due(self, now: float) -> set[str]:
+        """Return (and forget) the Services whose time has come."""
+        keys: set[str] = set()
+        while self._heap and self._heap[0][0] <= now:
+            keys.add(heapq.heappop(self._heap)[1])
+        return keys
+
+    def next_at(self) -> float | None:
+        """Return the earliest pending time, None when nothing is pending."""
+        return self._heap[0][0] if self._heap else None
+
+
+# -- serving -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ServingUpdate:
+    """The addresses served now, the Services that changes, and when to look again."""
+
+    serving: frozenset[IPAddress]
+    services: frozenset[str]  # whose LoadBalancerServing may have changed
+    next_check: float | None  # monotonic: when the next report expires (None: none will)
+
+
+def update_serving(
+    reports: Iterable[NodeReport],
+    *,
+    serving: frozenset[IPAddress],
+    holders_of: Callable[[IPAddress], Iterable[str]],
+    now: float,
+    wall: datetime.datetime,
+) -> ServingUpdate:
+    """Return the served addresses from the node reports, and what follows from the change.
+
+    `serving` is what was served before; only Services holding an address that started or
+    stopped being served are re-evaluated. A report that is not renewed expires on its own,
+    with no watch event to say so: `next_check` is when the first live one expires (on the
+    monotonic clock, plus REPORT_SLACK), and the loop recomputes then.
+    """
+    listed = list(reports)
+    fresh = serving_ips(listed, wall)
+    expiry = next_expiry(listed, wall)
+    check = None if expiry is None else now + (expiry - wall).total_seconds() + REPORT_SLACK
+    services = frozenset(k for ip in fresh ^ serving for k in holders_of(ip))
+    return ServingUpdate(fresh, services, check)
+
+
+# -- metrics -------------------------------------------------------------------------------
 
 
 def pool_usage(pools: PoolSet, held: list[IPAddress]) -> list[tuple[str, str, int, int]]:

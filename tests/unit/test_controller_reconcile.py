@@ -1,0 +1,509 @@
+"""The controller's pure decisions for one Service and for a round (agent/controller/reconcile.py).
+
+Each reconcile case starts from a small world — a two-address pool, an allocator and a
+PoolExhausted limiter — lets earlier Services be reconciled and their writes land, then
+reconciles one Service and compares everything the decision says: its step, the address it
+would write, the Events that wait for the write and those that go at once, retries, and the
+failure counted.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from agent.controller.allocator import AllocationReason, Allocator
+from agent.controller.exhaustion import ExhaustionLimiter
+from agent.controller.reconcile import (
+    REPORT_SLACK,
+    BatchEnd,
+    Reconcile,
+    RetryTimers,
+    Step,
+    adopt,
+    in_allocation_order,
+    reconcile,
+    run_batch,
+    update_serving,
+)
+from agent.controller.service_status import ServiceView, parse_view
+from agent.kube.node_report import parse_report, report_body
+from agent.model.net import IPAddress
+from agent.model.pools import Forbidden, PoolSet, parse_pools
+
+R = AllocationReason
+WALL = datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.UTC)
+NOW = 1000.0
+
+
+def make_pools(raw: list[dict[str, Any]]) -> PoolSet:
+    pools = parse_pools(raw, forbidden=Forbidden())
+    assert pools is not None
+    return pools
+
+
+POOLS = make_pools([{"name": "p", "addresses": ["198.19.0.1-198.19.0.2"]}])
+
+
+def ip(text: str) -> IPAddress:
+    return ipaddress.ip_address(text)
+
+
+def raw_service(
+    name: str,
+    minute: int = 0,
+    *,
+    annotations: dict[str, str] | None = None,
+    ingress: tuple[str, ...] = (),
+    lb_class: str | None = None,
+    ports: tuple[Any, ...] = (80,),
+) -> dict[str, Any]:
+    """Return a raw LoadBalancer Service ns/<name>, created `minute` minutes past ten."""
+    spec: dict[str, Any] = {
+        "type": "LoadBalancer",
+        "ports": [{"port": p, "protocol": "TCP"} for p in ports],
+        "ipFamilies": ["IPv4"],
+        "ipFamilyPolicy": "SingleStack",
+    }
+    if lb_class:
+        spec["loadBalancerClass"] = lb_class
+    status = {"loadBalancer": {"ingress": [{"ip": i, "ipMode": "VIP"} for i in ingress]}}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "resourceVersion": "7",
+            "creationTimestamp": f"2026-12-01T10:{minute:02d}:00Z",
+            "annotations": annotations or {},
+        },
+        "spec": spec,
+        "status": status if ingress else {},
+    }
+
+
+def view_of(raw: dict[str, Any]) -> ServiceView:
+    return parse_view(raw, lb_class="nodelb.io/lb", handle_classless=True)
+
+
+@dataclass
+class World:
+    """An allocator and limiter, and the raw Services as the API holds them."""
+
+    allocator: Allocator = field(default_factory=lambda: Allocator(POOLS))
+    limiter: ExhaustionLimiter = field(default_factory=ExhaustionLimiter)
+    raws: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def reconcile(
+        self, key: str, *, now: float = NOW, writing: bool = False, reallocated: str | None = None
+    ) -> Reconcile:
+        raw = self.raws.get(key)
+        return reconcile(
+            key,
+            None if raw is None else view_of(raw),
+            allocator=self.allocator,
+            limiter=self.limiter,
+            serving=frozenset(),
+            reallocated=reallocated,
+            writing=writing,
+            now=now,
+            wall=WALL,
+        )
+
+    def add(self, raw: dict[str, Any]) -> str:
+        key = f"ns/{raw['metadata']['name']}"
+        self.raws[key] = raw
+        return key
+
+    def serve(self, raw: dict[str, Any]) -> str:
+        """Add a Service, reconcile it and let its write land (status says what was planned)."""
+        key = self.add(raw)
+        decided = self.reconcile(key)
+        if decided.write is not None:
+            plan = decided.write.plan
+            raw["status"] = {
+                "loadBalancer": {"ingress": plan.ingress},
+                "conditions": plan.conditions,
+            }
+        return key
+
+
+@dataclass(frozen=True, slots=True)
+class Expect:
+    step: Step
+    written: tuple[str, ...] | None = None  # the ingress addresses written; None: no write
+    after_write: tuple[str, ...] = ()  # Event reasons sent once the write succeeded
+    at_once: tuple[str, ...] = ()  # Event reasons sent now (through the gate or the limiter)
+    retry_at: tuple[float, ...] = ()
+    retry_now: tuple[str, ...] = ()
+    failure: AllocationReason | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileCase:
+    prepare: Callable[[World], str]  # builds the world; returns the key to reconcile
+    expect: Expect
+    writing: bool = False
+    reallocated: str | None = None
+
+
+def _new(world: World) -> str:
+    return world.add(raw_service("web"))
+
+
+def _written_already(world: World) -> str:
+    return world.serve(raw_service("web"))
+
+
+def _in_flight(world: World) -> str:
+    return world.add(raw_service("web"))
+
+
+def _deleted_with_a_waiter(world: World) -> str:
+    world.serve(raw_service("a", 1))
+    world.serve(raw_service("b", 2))
+    world.serve(raw_service("c", 3))  # pool full: c waits
+    del world.raws["ns/a"]
+    return "ns/a"
+
+
+def _unparseable(world: World) -> str:
+    return world.add(raw_service("web", ports=("eighty",)))
+
+
+def _outside_the_pool(world: World) -> str:
+    return world.add(raw_service("web", annotations={"nodelb.io/load-balancer-ips": "198.18.9.9"}))
+
+
+def _outside_the_pool_already_said(world: World) -> str:
+    return world.serve(
+        raw_service("web", annotations={"nodelb.io/load-balancer-ips": "198.18.9.9"})
+    )
+
+
+def _pool_full(world: World) -> str:
+    world.serve(raw_service("a", 1))
+    world.serve(raw_service("b", 2))
+    return world.add(raw_service("c", 3))
+
+
+def _pool_full_resync_inside_backoff(world: World) -> str:
+    key = _pool_full(world)
+    world.serve(world.raws[key])  # the first failure: Warning sent, status written
+    return key
+
+
+def _lost_its_address_at_takeover(world: World) -> str:
+    return world.add(raw_service("web", ingress=("198.18.9.9",)))
+
+
+def _other_class_holding_ours(world: World) -> str:
+    key = world.serve(raw_service("web"))
+    world.raws[key]["spec"]["loadBalancerClass"] = "example.com/other"
+    return key
+
+
+RECONCILE_CASES = [
+    pytest.param(
+        ReconcileCase(_new, Expect(Step.WRITE, ("198.19.0.1",), after_write=("IPAllocated",))),
+        id="a new Service gets the lowest address and one write; IPAllocated waits for it",
+    ),
+    pytest.param(
+        ReconcileCase(_written_already, Expect(Step.UP_TO_DATE)),
+        id="a Service whose status already says its allocation costs no write and no Event",
+    ),
+    pytest.param(
+        ReconcileCase(_in_flight, Expect(Step.DEFERRED), writing=True),
+        id="a Service with a write in flight is deferred: nothing decided, nothing allocated",
+    ),
+    pytest.param(
+        ReconcileCase(_deleted_with_a_waiter, Expect(Step.RELEASED, retry_now=("ns/c",))),
+        id="a deleted Service frees its address and every Service waiting on the pool retries now",
+    ),
+    pytest.param(
+        ReconcileCase(_unparseable, Expect(Step.INVALID, at_once=("InvalidService",))),
+        id="an unparseable Service gets InvalidService at once and nothing else",
+    ),
+    pytest.param(
+        ReconcileCase(
+            _outside_the_pool,
+            Expect(
+                Step.WRITE,
+                (),
+                after_write=("IPRequestInvalid",),
+                failure=R.REQUESTED_IP_NOT_IN_POOL,
+            ),
+        ),
+        id="a refused request's IPRequestInvalid rides on the status write that explains it",
+    ),
+    pytest.param(
+        ReconcileCase(
+            _outside_the_pool_already_said,
+            Expect(
+                Step.UP_TO_DATE, at_once=("IPRequestInvalid",), failure=R.REQUESTED_IP_NOT_IN_POOL
+            ),
+        ),
+        id="a refused request whose status already says so gets its Warning at once",
+    ),
+    pytest.param(
+        ReconcileCase(
+            _pool_full,
+            Expect(
+                Step.WRITE,
+                (),
+                at_once=("PoolExhausted",),
+                retry_at=(NOW + 5.0,),
+                failure=R.POOL_EXHAUSTED,
+            ),
+        ),
+        id="a full pool: PoolExhausted goes at once through the limiter, retried after 5 s",
+    ),
+    pytest.param(
+        ReconcileCase(
+            _pool_full_resync_inside_backoff,
+            Expect(Step.UP_TO_DATE, retry_at=(NOW + 5.0,), failure=R.POOL_EXHAUSTED),
+        ),
+        id="a resync inside the backoff sends no second PoolExhausted and keeps the retry time",
+    ),
+    pytest.param(
+        ReconcileCase(
+            _lost_its_address_at_takeover,
+            Expect(Step.WRITE, ("198.19.0.1",), after_write=("IPReallocated",)),
+            reallocated="198.18.9.9 of ns/web lies outside every pool; reallocating",
+        ),
+        id="a Service that lost its address at takeover moves with IPReallocated after the write",
+    ),
+    pytest.param(
+        ReconcileCase(
+            _other_class_holding_ours,
+            Expect(Step.WRITE, (), after_write=("IPReleased",)),
+        ),
+        id="a Service moved to another class loses our address; no failure is counted",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", RECONCILE_CASES)
+def test_reconcile(case: ReconcileCase) -> None:
+    world = World()
+    key = case.prepare(world)
+    before = world.allocator.allocations()
+    decided = world.reconcile(key, writing=case.writing, reallocated=case.reallocated)
+    write = decided.write
+    got = Expect(
+        step=decided.step,
+        written=None if write is None else tuple(e["ip"] for e in write.plan.ingress),
+        after_write=()
+        if write is None
+        else tuple(e.reason for e in (write.warning, *write.events) if e is not None),
+        at_once=tuple(
+            e.reason
+            for e in (decided.warning, *(w.event for w in decided.pool_warnings))
+            if e is not None
+        ),
+        retry_at=decided.retry_at,
+        retry_now=decided.retry_now,
+        failure=decided.failure,
+    )
+    assert got == case.expect
+    if decided.step is Step.DEFERRED:
+        assert world.allocator.allocations() == before  # the allocator did not move ahead
+    if write is not None:
+        assert write.patch()["metadata"] == {"resourceVersion": "7"}  # guarded by the view's
+
+
+def test_an_allocation_write_counts_its_pool_and_a_refusal_counts_none() -> None:
+    world = World()
+    allocated = world.reconcile(world.add(raw_service("web")))
+    refused = world.reconcile(
+        world.add(raw_service("bad", annotations={"nodelb.io/load-balancer-ips": "198.18.9.9"}))
+    )
+    assert allocated.write is not None and allocated.write.allocated_pools == ("p",)
+    assert refused.write is not None and refused.write.allocated_pools == ()
+
+
+def test_only_a_write_or_a_deletion_uses_up_a_pending_reallocation_message() -> None:
+    world = World()
+    key = world.serve(raw_service("web"))
+    unchanged = world.reconcile(key, reallocated="moved")
+    deferred = world.reconcile(key, writing=True, reallocated="moved")
+    del world.raws[key]
+    deleted = world.reconcile(key)
+    assert (unchanged.uses_reallocation, deferred.uses_reallocation) == (False, False)
+    assert (deleted.uses_reallocation, deleted.forgets) == (True, True)
+
+
+@dataclass(frozen=True, slots=True)
+class OrderCase:
+    views: dict[str, ServiceView | None]
+    order: list[str]
+
+
+ORDER_CASES = [
+    pytest.param(
+        OrderCase(
+            {
+                "ns/new": view_of(raw_service("new", 9)),
+                "ns/gone": None,
+                "ns/old": view_of(raw_service("old", 1)),
+            },
+            ["ns/gone", "ns/old", "ns/new"],
+        ),
+        id="deletions first (their addresses free up), then oldest creationTimestamp first",
+    ),
+    pytest.param(
+        OrderCase(
+            {
+                "ns/broken": view_of(raw_service("broken", 0, ports=("eighty",))),
+                "ns/ok": view_of(raw_service("ok", 5)),
+            },
+            ["ns/ok", "ns/broken"],
+        ),
+        id="unparseable Services last, however old",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ORDER_CASES)
+def test_in_allocation_order(case: OrderCase) -> None:
+    assert in_allocation_order(case.views) == case.order
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCase:
+    leading: tuple[bool, ...]  # what each leadership check answers, in turn
+    end: BatchEnd
+    processed: tuple[str, ...]
+    remaining: tuple[str, ...]
+
+
+BATCH_CASES = [
+    pytest.param(
+        BatchCase((True, True, True), BatchEnd.DONE, ("a", "b", "c"), ()),
+        id="leading throughout: every Service is reconciled, nothing is left",
+    ),
+    pytest.param(
+        BatchCase((True, False), BatchEnd.LEADERSHIP_LAPSED, ("a",), ("b", "c")),
+        id="leadership lapses before the second Service: it and the rest are left for later",
+    ),
+    pytest.param(
+        BatchCase((False,), BatchEnd.LEADERSHIP_LAPSED, (), ("a", "b", "c")),
+        id="lapsed before the first: nothing is reconciled",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", BATCH_CASES)
+def test_run_batch_stops_where_leadership_lapses(case: BatchCase) -> None:
+    answers = iter(case.leading)
+    done: list[str] = []
+    batch = run_batch(["a", "b", "c"], leading=lambda: next(answers), process=done.append)
+    assert (batch.end, batch.processed, batch.remaining) == (
+        case.end,
+        case.processed,
+        case.remaining,
+    )
+    assert tuple(done) == case.processed
+
+
+def report(node: str, ips: tuple[str, ...], renewed: datetime.datetime, duration: int) -> Any:
+    body = report_body(
+        node=node, namespace="ns", ips=[ip(i) for i in ips], now=renewed, duration=duration
+    )
+    return parse_report(body)
+
+
+@dataclass(frozen=True, slots=True)
+class ServingCase:
+    reports: tuple[Any, ...]
+    before: frozenset[IPAddress]
+    serving: frozenset[IPAddress]
+    services: frozenset[str]
+    next_check: float | None
+
+
+HOLDERS = {ip("198.19.0.1"): ("ns/a",), ip("198.19.0.2"): ("ns/b", "ns/c")}
+
+SERVING_CASES = [
+    pytest.param(
+        ServingCase(
+            (report("n1", ("198.19.0.1",), WALL, 30),),
+            frozenset(),
+            frozenset({ip("198.19.0.1")}),
+            frozenset({"ns/a"}),
+            NOW + 30 + REPORT_SLACK,
+        ),
+        id="a new report serves its address, re-evaluates its holder, and is checked at expiry",
+    ),
+    pytest.param(
+        ServingCase(
+            (report("n1", ("198.19.0.2",), WALL - datetime.timedelta(seconds=31), 30),),
+            frozenset({ip("198.19.0.2")}),
+            frozenset(),
+            frozenset({"ns/b", "ns/c"}),
+            None,
+        ),
+        id="an expired report serves nothing: every holder of its shared address is re-evaluated",
+    ),
+    pytest.param(
+        ServingCase(
+            (
+                report("n1", ("198.19.0.1",), WALL, 30),
+                report("n2", ("198.19.0.2",), WALL - datetime.timedelta(seconds=20), 30),
+            ),
+            frozenset({ip("198.19.0.1"), ip("198.19.0.2")}),
+            frozenset({ip("198.19.0.1"), ip("198.19.0.2")}),
+            frozenset(),
+            NOW + 10 + REPORT_SLACK,
+        ),
+        id="nothing changed: no Service re-evaluated; the next check is the earliest expiry",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", SERVING_CASES)
+def test_update_serving(case: ServingCase) -> None:
+    update = update_serving(
+        case.reports,
+        serving=case.before,
+        holders_of=lambda a: HOLDERS.get(a, ()),
+        now=NOW,
+        wall=WALL,
+    )
+    assert (update.serving, update.services, update.next_check) == (
+        case.serving,
+        case.services,
+        case.next_check,
+    )
+
+
+def test_adopt_keeps_the_oldest_owner_of_a_duplicate_and_lists_every_service() -> None:
+    views = [
+        view_of(raw_service("young", 5, ingress=("198.19.0.1",))),
+        view_of(raw_service("old", 1, ingress=("198.19.0.1",))),
+        view_of(raw_service("broken", 0, ports=("eighty",))),
+    ]
+    adoption = adopt(views, pools=POOLS, namespace_labels=lambda ns: ())
+    assert adoption.allocator.holders_of(ip("198.19.0.1")) == ("ns/old",)
+    assert [(m.service, m.reason) for m in adoption.reallocations] == [
+        ("ns/young", R.DUPLICATE_ADDRESS)
+    ]
+    assert adoption.keys == {"ns/young", "ns/old", "ns/broken"}
+
+
+def test_retry_timers_fire_once_in_time_order() -> None:
+    timers = RetryTimers()
+    timers.at("ns/b", 20.0)
+    timers.at("ns/a", 10.0)
+    timers.at("ns/a", 30.0)
+    assert timers.next_at() == 10.0
+    assert timers.due(9.9) == set()
+    assert timers.due(20.0) == {"ns/a", "ns/b"}
+    assert timers.next_at() == 30.0
+    assert timers.due(100.0) == {"ns/a"}
+    assert timers.next_at() is None
