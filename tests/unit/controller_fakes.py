@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import datetime
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -185,35 +185,37 @@ class FakeClient:
     server: FakeServer
     name: str
     partitioned: bool = False
+    calls: list[str] = field(default_factory=list)  # the methods called, in order
 
-    def _reach(self) -> None:
+    def _reach(self, call: str) -> None:
+        self.calls.append(call)
         if self.partitioned:
             raise APIError("no answer: partitioned from the apiserver")
 
     def list_services(self) -> list[dict[str, Any]]:
-        self._reach()
+        self._reach("list_services")
         return copy.deepcopy([self.server.services[k] for k in sorted(self.server.services)])
 
     def patch_service_status(self, namespace: str, name: str, patch: dict[str, Any]) -> PatchResult:
-        self._reach()
+        self._reach("patch_service_status")
         result = self.server.patch_status(self.name, namespace, name, patch)
         return PatchResult.OK if result == "ok" else PatchResult.CONFLICT
 
     def list_nodes(self) -> list[dict[str, Any]]:
-        self._reach()
+        self._reach("list_nodes")
         return copy.deepcopy(self.server.nodes)
 
     def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
-        self._reach()
+        self._reach("read_lease")
         lease = self.server.leases.get(f"{namespace}/{name}")
         return copy.deepcopy(lease) if lease is not None else None
 
     def create_lease(self, namespace: str, body: dict[str, Any]) -> bool:
-        self._reach()
+        self._reach("create_lease")
         return self.server.write_lease(self.name, "create-lease", namespace, body) == "ok"
 
     def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> bool:
-        self._reach()
+        self._reach("replace_lease")
         result = self.server.write_lease(self.name, "replace-lease", namespace, body)
         if result == "not-found":
             raise APIError("HTTP 404: Not Found", status=404)
@@ -245,28 +247,35 @@ class FakeClock:
         self.now += seconds
 
 
+@dataclass
+class Queued:
+    """A call submitted to a ManualExecutor and not run yet."""
+
+    future: Future[Any]
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
 class ManualExecutor(Executor):
     """An executor that runs nothing until the test says which submitted call runs next."""
 
     def __init__(self) -> None:
-        self.queued: list[tuple[Future[Any], Callable[[], Any]]] = []
+        self.queued: list[Queued] = []
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         future: Future[T] = Future()
-        self.queued.append((future, lambda: fn(*args, **kwargs)))
+        self.queued.append(Queued(future, fn, args, kwargs))
         return future
 
     def run(self, index: int = 0) -> None:
         """Run the `index`-th queued call (its done callbacks run here, as on a worker)."""
-        future, call = self.queued.pop(index)
+        call = self.queued.pop(index)
         try:
-            future.set_result(call())
+            call.future.set_result(call.fn(*call.args, **call.kwargs))
         except Exception as exc:
-            future.set_exception(exc)
+            call.future.set_exception(exc)
 
     def run_all(self) -> None:
         while self.queued:
             self.run()
-
-    def __iter__(self) -> Iterator[Future[Any]]:
-        return iter(f for f, _ in self.queued)
