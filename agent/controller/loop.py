@@ -142,7 +142,7 @@ class Controller:
         self._writes = WritesInFlight()
         self._completions: list[tuple[StatusWrite, WriteOutcome]] = []
         self._allocator: Allocator | None = None
-        self._released: dict[IPAddress, float] = {}
+        self._released: dict[IPAddress, float] = {}  # seeds the next rebuild's reuse order
         self._reallocated: dict[str, str] = {}
         self._serving: frozenset[IPAddress] = frozenset()
         self._config: ControllerConfig | None = None
@@ -276,8 +276,10 @@ class Controller:
         now = self._clock.monotonic()
         if now >= self._next_reload:
             self._next_reload = now + self._settings.reload_period
-            if self._load_config(initial=False):
-                self._allocator = None  # pools changed: rebuild from the API
+            if self._load_config(initial=False) and self._allocator is not None:
+                # Pools changed: rebuild from the API, keeping the reuse order of what was freed.
+                self._released = dict(self._allocator.release_times())
+                self._allocator = None
         if not self.elector.is_leader():
             if self._allocator is not None:
                 log.info("not the leader any more; dropping allocation state")

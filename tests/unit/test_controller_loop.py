@@ -252,6 +252,29 @@ def test_a_node_report_that_expires_turns_serving_off_without_any_watch_event(
     assert _serving(server, key) == "False/Provisioning"
 
 
+def test_a_pool_reload_keeps_the_reuse_order_of_the_addresses_freed_before_it(
+    tmp_path: Path,
+) -> None:
+    server = FakeServer()
+    first = server.create_service("first", created="2026-12-01T10:01:00Z")
+    server.create_service("second", created="2026-12-01T10:02:00Z")
+    a = leading(server, tmp_path)
+    a.ctl.step()
+    a.writer.run_all()
+    server.delete_service(first)  # frees .1: handed out again only when nothing fresh is left
+    a.sync(server)
+    a.ctl.step()
+    config_file(tmp_path, [*POOLS, {"name": "more", "addresses": ["198.19.8.0/30"]}])
+    a.clock.advance(2.0)  # the next reload sees new pools and rebuilds the allocator
+    a.ctl.elector.step()
+    a.ctl.step()
+    third = server.create_service("third", created="2026-12-01T10:03:00Z")
+    a.sync(server)
+    a.ctl.step()
+    a.writer.run_all()
+    assert server.ips(third) == ("198.19.0.3",)  # not the .1 freed a moment ago
+
+
 def _serving(server: FakeServer, key: str) -> str:
     for c in server.services[key]["status"].get("conditions") or []:
         if c["type"] == "LoadBalancerServing":
