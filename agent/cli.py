@@ -30,14 +30,11 @@ from agent.dataplane.netlink import NetlinkElementSender
 from agent.dataplane.netlink_dump import NetlinkTableReader
 from agent.http_server import HealthServer
 from agent.kube.client import api_client
-from agent.kube.events import KubeEventSink, ListSink
+from agent.kube.event_sender import KubeEventSink
+from agent.kube.events import ListSink
 from agent.kube.manifests import ManifestError, load_files
-from agent.kube.node_report import (
-    REPORT_LABEL,
-    REPORT_LABEL_VALUE,
-    SOURCES_ANNOTATION,
-    NodeReporter,
-)
+from agent.kube.node_report import REPORT_LABEL, REPORT_LABEL_VALUE, SOURCES_ANNOTATION
+from agent.kube.node_reporter import NodeReporter
 from agent.node.healthcheck import HealthCheckServers
 from agent.node.loop import Agent, ListFns, list_fns
 from agent.node.status_document import desired_dict

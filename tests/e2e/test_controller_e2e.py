@@ -21,7 +21,8 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from agent.kube.node_report import NodeReporter, report_body
+from agent.kube.node_report import report_body
+from agent.kube.node_reporter import NodeReporter
 from lab import nsclient
 from lab.controllers import NAMESPACE, ControllerSet
 from lab.controlplane import ControlPlane

@@ -6,7 +6,8 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from agent.kube.events import Event, EventGate, KubeEventSink, ObjectRef
+from agent.kube.event_sender import KubeEventSink
+from agent.kube.events import Event, EventGate, ObjectRef
 
 REF = ObjectRef(kind="Service", namespace="ns", name="web", uid="u1")
 
