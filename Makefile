@@ -66,6 +66,7 @@ lint: venv
 	$(VENV)/bin/ruff check agent rules lab tests bench
 	$(VENV)/bin/ruff format --check agent rules lab tests bench
 	$(VENV)/bin/hadolint deploy/Containerfile
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: venv
 	$(VENV)/bin/mypy
