@@ -355,8 +355,13 @@ def test_decode_of_random_advert_shaped_bytes_raises_only_its_own_error(
 
 # -- purity -----------------------------------------------------------------------------------
 
-PURE_MODULES = ("agent.announce", "agent.announce.vrrp.codec", "agent.announce.vrrp.machine")
-FORBIDDEN = {"socket", "asyncio", "time", "select", "selectors", "threading"}
+PURE_MODULES = (
+    "agent.announce",
+    "agent.announce.vrrp.codec",
+    "agent.announce.vrrp.machine",
+    "agent.announce.vrrp.control",
+)
+FORBIDDEN = {"socket", "asyncio", "time", "select", "selectors", "threading", "subprocess"}
 
 
 def test_the_pure_vrrp_modules_import_no_io_directly_or_transitively() -> None:

@@ -1,8 +1,10 @@
-"""The speaker's control protocol: the status snapshot it writes, as the agent reads it (pure).
+"""The speaker's control protocol, both directions: commands in, the status snapshot out.
 
 The agent (process.SpeakerProcess) writes commands as JSON lines to the speaker's stdin and
-reads the status snapshot the speaker rewrites atomically in a file (speaker.Speaker.status):
-this module is the snapshot's schema and parser.
+reads the status snapshot the speaker rewrites atomically in a file (speaker.Speaker.status).
+This module is both sides' encoding: `encode_command` / `decode_command` for the commands
+(`Configure`, `Stop`), and the snapshot's schema and parser (`parse_status`, `read_status`).
+Nothing here touches a socket, a clock or a process; `read_status` only reads a file.
 """
 
 from __future__ import annotations
@@ -13,7 +15,57 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.announce.vrrp.config import SpeakerConfig, from_json, to_json
 from agent.model.net import IPAddress
+
+# -- commands (agent -> speaker, one JSON line each) ------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Configure:
+    """Run exactly `config`'s instances (`{"config": {...}}`): the speaker changes what differs."""
+
+    config: SpeakerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop the speaker (`{"stop": {"graceful": true}}`); graceful: every Master resigns first."""
+
+    graceful: bool = True
+
+
+Command = Configure | Stop
+
+
+def encode_command(command: Command) -> bytes:
+    """Return `command` as one JSON line, newline included."""
+    if isinstance(command, Configure):
+        message: dict[str, Any] = {"config": to_json(command.config)}
+    else:
+        message = {"stop": {"graceful": command.graceful}}
+    return json.dumps(message).encode() + b"\n"
+
+
+def decode_command(line: bytes) -> Command:
+    """Return the command in one JSON line; raises ValueError for anything that is not one.
+
+    A `stop` without `graceful` is graceful (as EOF on the pipe is).
+    """
+    try:
+        message = json.loads(line)
+        if not isinstance(message, dict):
+            raise ValueError(f"a command is a JSON object, got {type(message).__name__}")
+        if "stop" in message:
+            return Stop(graceful=bool(message["stop"].get("graceful", True)))
+        if "config" in message:
+            return Configure(from_json(message["config"]))
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"malformed command: {exc!r}") from exc
+    raise ValueError(f"unknown command {sorted(message)}")
+
+
+# -- the status snapshot (speaker -> agent, a file) -------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

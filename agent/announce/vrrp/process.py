@@ -28,10 +28,17 @@ import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from agent.announce.vrrp.config import SpeakerConfig, to_json
-from agent.announce.vrrp.control import SpeakerStatus, read_status
+from agent.announce.vrrp.control import (
+    Command,
+    Configure,
+    SpeakerStatus,
+    Stop,
+    encode_command,
+    read_status,
+)
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -140,12 +147,12 @@ class SpeakerProcess:
         if config.interface != self.config.interface:
             raise ValueError("the interface cannot change; start a new SpeakerProcess")
         self.config = config
-        self._send({"config": to_json(config)})
+        self._send(Configure(config))
 
-    def _send(self, message: dict[str, Any]) -> None:
+    def _send(self, command: Command) -> None:
         if self._stdin is None:
             raise RuntimeError("SpeakerProcess is not running")
-        self._stdin.write(json.dumps(message).encode() + b"\n")
+        self._stdin.write(encode_command(command))
         self._stdin.flush()
 
     def status(self) -> SpeakerStatus | None:
@@ -170,7 +177,7 @@ class SpeakerProcess:
             return None
         if proc.poll() is None:
             try:
-                self._send({"stop": {"graceful": graceful}})
+                self._send(Stop(graceful=graceful))
             except (OSError, ValueError):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGTERM)

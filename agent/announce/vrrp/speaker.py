@@ -15,13 +15,13 @@ IP header malformed, TTL / hop limit not 255, source not a configured peer, then
 checks (its `DecodeReason`), then a VRID this node does not run. An advert from this node's
 own address is ignored without counting (multicast loopback is off; this is a safety net).
 
-Control and status: the parent writes JSON lines to stdin (`{"config": {...}}`,
-`{"stop": {"graceful": true}}`); EOF on stdin (the parent died or closed it) is a graceful
-stop. The speaker writes a JSON status snapshot to `--status` (write to a temporary file,
-then rename), at once after a state change and at most every 100 ms otherwise, so the parent
-can poll it without ever blocking this loop. SIGTERM / SIGINT are a graceful stop: every
-Master resigns with a priority-0 advert (RFC 5798 §6.4.3) and removes its addresses once a
-backup has taken over (see `Speaker._resign`); then the speaker exits.
+Control and status: the parent writes commands to stdin, one JSON line each (control.py's
+`Configure` and `Stop`, encoded and decoded there); EOF on stdin (the parent died or closed
+it) is a graceful stop. The speaker writes a JSON status snapshot to `--status` (write to a
+temporary file, then rename), at once after a state change and at most every 100 ms
+otherwise, so the parent can poll it without ever blocking this loop. SIGTERM / SIGINT are a
+graceful stop: every Master resigns with a priority-0 advert (RFC 5798 §6.4.3) and removes
+its addresses once a backup has taken over (see `Speaker._resign`); then the speaker exits.
 
 Run: `python -m agent.announce.vrrp.speaker --config FILE --status FILE [--control-stdin]
 [--parent-pid PID]`.
@@ -57,6 +57,7 @@ from agent.announce.vrrp import machine as vs
 from agent.announce.vrrp.addresses import AddressTable
 from agent.announce.vrrp.codec import Advert, VrrpDecodeError, decode, encode
 from agent.announce.vrrp.config import InstanceConfig, SpeakerConfig, from_json
+from agent.announce.vrrp.control import Stop, decode_command
 from agent.announce.vrrp.gratuitous import ArpSender, Kind, NaSender, arp_frame, unsolicited_na
 from agent.announce.vrrp.sockets import GROUP4, GROUP6, VRRP_TTL, Received, VrrpSocket
 from agent.model.net import IPAddress
@@ -284,13 +285,11 @@ class Speaker:
 
     def _command(self, line: bytes) -> None:
         try:
-            message = json.loads(line)
-            if "stop" in message:
-                self._stop = bool(message["stop"].get("graceful", True))
-            elif "config" in message:
-                self._apply(from_json(message["config"]), initial=False)
+            command = decode_command(line)
+            if isinstance(command, Stop):
+                self._stop = command.graceful
             else:
-                raise ValueError(f"unknown command {sorted(message)}")
+                self._apply(command.config, initial=False)
         except (ValueError, KeyError, TypeError, OSError) as exc:
             # The instances applied before the failure keep running; the parent sees the
             # error in the status and can send the configuration again.
