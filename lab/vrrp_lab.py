@@ -47,6 +47,44 @@ def link_local(host: Host) -> IPAddress:
     raise LookupError(f"{host.name} has no link-local address")
 
 
+@dataclass(frozen=True, slots=True)
+class DualStack:
+    """One VRID carrying one IPv4 and one IPv6 VIP at one advert interval (cs).
+
+    The speaker kernel tests and their keepalived peers all run this shape; `instances`
+    gives a speaker's two InstanceConfigs at a priority.
+    """
+
+    vrid: int
+    vip4: ipaddress.IPv4Address
+    vip6: ipaddress.IPv6Address
+    interval_cs: int = 10
+
+    @classmethod
+    def numbered(cls, *, vrid: int, host: int, interval_cs: int = 10) -> DualStack:
+        """Return `vrid` carrying 198.18.0.<host> and 2001:db8::<host> (the same digits)."""
+        return cls(
+            vrid=vrid,
+            vip4=ipaddress.IPv4Address(f"198.18.0.{host}"),
+            vip6=ipaddress.IPv6Address(f"2001:db8::{host}"),
+            interval_cs=interval_cs,
+        )
+
+    def instances(self, priority: int, *, preempt: bool = True) -> list[InstanceConfig]:
+        """Return the IPv4 and the IPv6 instance of this VRID at `priority`."""
+        return [
+            InstanceConfig(
+                vrid=self.vrid,
+                family=family,
+                priority=priority,
+                advert_interval_cs=self.interval_cs,
+                preempt=preempt,
+                addresses=(vip,),
+            )
+            for family, vip in ((4, self.vip4), (6, self.vip6))
+        ]
+
+
 def speaker_config(
     lab: Lab,
     node: LabNode,
@@ -100,6 +138,38 @@ def start_speaker(
 
     wait_until(running, 30.0, f"speaker {name} running")
     return sp
+
+
+class Speakers:
+    """The speakers one test (or bench run) started; `stop_all()` stops every one by PID."""
+
+    def __init__(self) -> None:
+        self.started: list[SpeakerProcess] = []
+
+    def append(self, speaker: SpeakerProcess) -> None:
+        """Track a speaker started some other way, so that `stop_all` stops it too."""
+        self.started.append(speaker)
+
+    def start(
+        self,
+        lab: Lab,
+        node: LabNode,
+        instances: Iterable[InstanceConfig],
+        *,
+        name: str,
+        gratuitous: GratuitousConfig | None = None,
+        rt_priority: int = 0,
+        cpus: Iterable[int] = (),
+    ) -> SpeakerProcess:
+        """Return a running, tracked speaker on `node` with `instances` (see `speaker_config`)."""
+        config = speaker_config(lab, node, instances, gratuitous=gratuitous)
+        speaker = start_speaker(lab, node, config, name=name, rt_priority=rt_priority, cpus=cpus)
+        self.started.append(speaker)
+        return speaker
+
+    def stop_all(self) -> None:
+        """Stop every tracked speaker (see the module function `stop_all`)."""
+        stop_all(self.started)
 
 
 def speaker_log(lab: Lab, name: str) -> str:

@@ -2,8 +2,8 @@
 
 `lab` is a fresh 2-node × 2-pod lab (client and control plane included) per test; it is
 removed when the test ends, whether it passed, failed or raised. `make_lab` builds labs from
-any LabSpec and removes every one of them at the end of the test. `speakers` collects the
-VRRP speakers a test starts and stops every one by PID afterwards.
+any LabSpec and removes every one of them at the end of the test. `speakers` starts and
+collects the VRRP speakers of a test and stops every one by PID afterwards.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.announce.vrrp.process import SpeakerProcess
 from lab.topology import Lab, LabSpec
-from lab.vrrp_lab import stop_all
+from lab.vrrp_lab import Speakers
 
 
 @pytest.fixture
@@ -51,10 +50,10 @@ def lab(make_lab: Callable[[LabSpec], Lab]) -> Lab:
 
 
 @pytest.fixture
-def speakers() -> Iterator[list[SpeakerProcess]]:
-    """Yield a list the test appends its speakers to; every one is stopped by PID after."""
-    started: list[SpeakerProcess] = []
+def speakers() -> Iterator[Speakers]:
+    """Yield the test's speakers (`start` one on a node, or `append`); all stopped by PID after."""
+    started = Speakers()
     try:
         yield started
     finally:
-        stop_all(started)
+        started.stop_all()

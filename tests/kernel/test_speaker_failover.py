@@ -30,22 +30,15 @@ from agent.model.net import IPAddress
 from bench.failover import CLIENT_LOOP, answering, replies
 from lab import netns
 from lab.topology import Lab, LabNode, LabSpec
-from lab.vrrp_lab import (
-    holds,
-    mac_of,
-    neighbour_mac,
-    speaker_config,
-    start_speaker,
-)
+from lab.vrrp_lab import DualStack, Speakers, holds, mac_of, neighbour_mac, speaker_config
 from lab.wait import wait_until
 
 pytestmark = pytest.mark.kernel
 
-VIP4 = ipaddress.IPv4Address("198.18.0.200")
-VIP6 = ipaddress.IPv6Address("2001:db8::200")
+# 100 ms adverts: fast tests; the timer formulas are the same at any interval.
+VRRP = DualStack.numbered(vrid=42, host=200, interval_cs=10)
+VIP4, VIP6, VRID, INTERVAL_CS = VRRP.vip4, VRRP.vip6, VRRP.vrid, VRRP.interval_cs
 VIP4B = ipaddress.IPv4Address("198.18.0.201")
-VRID = 42
-INTERVAL_CS = 10  # 100 ms: fast tests; the timer formulas are the same at any interval
 SLACK_US = 150_000  # scheduling on a busy 2-CPU machine, netlink, status write
 TIMEOUT = 20.0
 PORT = 8080
@@ -53,18 +46,7 @@ PORT = 8080
 Start = Callable[[LabNode, int], SpeakerProcess]
 
 
-def instances(priority: int, *, preempt: bool = True) -> list[InstanceConfig]:
-    return [
-        InstanceConfig(
-            vrid=VRID,
-            family=f,
-            priority=priority,
-            advert_interval_cs=INTERVAL_CS,
-            preempt=preempt,
-            addresses=(vip,),
-        )
-        for f, vip in ((4, VIP4), (6, VIP6))
-    ]
+instances = VRRP.instances
 
 
 def now_us() -> int:
@@ -129,16 +111,15 @@ def resolve(lab: Lab, vip: IPAddress) -> None:
 
 
 def test_the_highest_priority_is_the_only_master_and_a_crash_moves_the_vip_and_the_neighbour(
-    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess]
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers
 ) -> None:
     lab = make_lab(LabSpec(nodes=3, pods_per_node=0, with_controlplane=False))
     assert lab.client is not None
     nodes = lab.nodes
-    for node, prio in zip(nodes, (200, 150, 50), strict=True):
-        speakers.append(
-            start_speaker(lab, node, speaker_config(lab, node, instances(prio)), name=node.name)
-        )
-    first, second, third = speakers
+    first, second, third = [
+        speakers.start(lab, node, instances(prio), name=node.name)
+        for node, prio in zip(nodes, (200, 150, 50), strict=True)
+    ]
     wait_states([(first, "Master"), (second, "Backup"), (third, "Backup")], "one master")
     for vip in (VIP4, VIP6):
         wait_until(partial(holds, nodes[0], vip), TIMEOUT, f"{vip} on node-1")
@@ -179,15 +160,13 @@ def test_the_highest_priority_is_the_only_master_and_a_crash_moves_the_vip_and_t
 
 
 def test_graceful_stop_hands_over_after_skew_time_and_the_returning_master_preempts(
-    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess]
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers
 ) -> None:
     lab = make_lab(LabSpec(nodes=2, pods_per_node=0, with_controlplane=False))
     assert lab.client is not None
     n1, n2 = lab.nodes
-    first = start_speaker(lab, n1, speaker_config(lab, n1, instances(150)), name="n1")
-    speakers.append(first)
-    second = start_speaker(lab, n2, speaker_config(lab, n2, instances(100)), name="n2")
-    speakers.append(second)
+    first = speakers.start(lab, n1, instances(150), name="n1")
+    second = speakers.start(lab, n2, instances(100), name="n2")
     wait_states([(first, "Master"), (second, "Backup")], "node-1 master")
     for vip in (VIP4, VIP6):
         resolve(lab, vip)
@@ -215,8 +194,7 @@ def test_graceful_stop_hands_over_after_skew_time_and_the_returning_master_preem
         )
 
     seq = last_seq(second)
-    back = start_speaker(lab, n1, speaker_config(lab, n1, instances(150)), name="n1-back")
-    speakers.append(back)
+    back = speakers.start(lab, n1, instances(150), name="n1-back")
     wait_states([(back, "Master"), (second, "Backup")], "node-1 preempting node-2")
     for vip in (VIP4, VIP6):
         wait_until(partial(moved, vip, n1, n2), TIMEOUT, f"{vip} back")
@@ -231,17 +209,13 @@ def test_graceful_stop_hands_over_after_skew_time_and_the_returning_master_preem
 
 
 def test_without_preempt_a_returning_higher_priority_stays_backup(
-    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess]
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers
 ) -> None:
     lab = make_lab(LabSpec(nodes=2, pods_per_node=0, with_controlplane=False, with_client=False))
     n1, n2 = lab.nodes
-    low = start_speaker(lab, n2, speaker_config(lab, n2, instances(100)), name="low")
-    speakers.append(low)
+    low = speakers.start(lab, n2, instances(100), name="low")
     wait_states([(low, "Master")], "node-2 master alone")
-    high = start_speaker(
-        lab, n1, speaker_config(lab, n1, instances(200, preempt=False)), name="high"
-    )
-    speakers.append(high)
+    high = speakers.start(lab, n1, instances(200, preempt=False), name="high")
 
     def heard(n: int) -> SpeakerStatus | None:
         status = high.status()
@@ -261,18 +235,16 @@ def test_without_preempt_a_returning_higher_priority_stays_backup(
 
 
 def test_update_changes_one_instance_without_disturbing_the_others(
-    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess]
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers
 ) -> None:
     lab = make_lab(LabSpec(nodes=2, pods_per_node=0, with_controlplane=False, with_client=False))
     n1, n2 = lab.nodes
     other = InstanceConfig(
         vrid=VRID + 1, family=4, priority=150, advert_interval_cs=INTERVAL_CS, addresses=(VIP4B,)
     )
-    first = start_speaker(lab, n1, speaker_config(lab, n1, [*instances(150), other]), name="n1")
-    speakers.append(first)
-    config2 = speaker_config(lab, n2, [*instances(100), other])
-    second = start_speaker(lab, n2, config2, name="n2")
-    speakers.append(second)
+    first = speakers.start(lab, n1, [*instances(150), other], name="n1")
+    second = speakers.start(lab, n2, [*instances(100), other], name="n2")
+    config2 = second.config
     wait_states([(first, "Master"), (second, "Backup")], "node-1 master")
     wait_until(lambda: holds(n1, VIP4B), TIMEOUT, f"{VIP4B} on node-1")
 
@@ -328,12 +300,11 @@ signal.pause()
 
 
 def test_killing_the_parent_makes_the_speaker_resign_and_exit(
-    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess], tmp_path: Path
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers, tmp_path: Path
 ) -> None:
     lab = make_lab(LabSpec(nodes=2, pods_per_node=0, with_controlplane=False, with_client=False))
     n1, n2 = lab.nodes
-    second = start_speaker(lab, n2, speaker_config(lab, n2, instances(100)), name="n2")
-    speakers.append(second)
+    second = speakers.start(lab, n2, instances(100), name="n2")
     config_file = tmp_path / "n1.json"
     config_file.write_text(json.dumps(to_json(speaker_config(lab, n1, instances(150)))))
     workdir = tmp_path / "n1"
@@ -390,21 +361,19 @@ def pid_alive(pid: int) -> bool:
 
 
 def test_a_graceful_handover_loses_no_request(
-    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess]
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers
 ) -> None:
     """A client's TCP request loop (every 5 ms, 50 ms timeout) across three graceful stops."""
     lab = make_lab(LabSpec(nodes=2, pods_per_node=0, with_controlplane=False))
     assert lab.client is not None
     n1, n2 = lab.nodes
     lab.start_servers([n1, n2], tcp_port=PORT, udp_port=PORT + 1)
-    second = start_speaker(lab, n2, speaker_config(lab, n2, instances(100)), name="n2")
-    speakers.append(second)
+    speakers.start(lab, n2, instances(100), name="n2")
     argv = [sys.executable, "-c", CLIENT_LOOP, str(VIP4), str(PORT), "0.005", "0.05"]
     loop = lab.spawn(lab.client.ns, argv, log_name="client-loop")
     wait_until(lambda: '"ready"' in lab.log_of(loop), TIMEOUT, "the client loop")
     for round_ in range(3):
-        first = start_speaker(lab, n1, speaker_config(lab, n1, instances(150)), name=f"n1-{round_}")
-        speakers.append(first)
+        first = speakers.start(lab, n1, instances(150), name=f"n1-{round_}")
         since = time.monotonic()
         wait_until(partial(answering, lab, loop, n1.name, since, 5), TIMEOUT, "node-1 serving")
         event = time.monotonic()
@@ -415,7 +384,7 @@ def test_a_graceful_handover_loses_no_request(
 
 
 def test_a_new_instance_started_late_on_the_preferred_node_is_never_held_by_the_next_rank(
-    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess]
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers
 ) -> None:
     # As the agent configures them: priorities 254 / 253 (ranks 0 / 1) and the next rank's
     # first Master_Down_Timer one interval longer. The preferred node gets the instance only
@@ -438,10 +407,8 @@ def test_a_new_instance_started_late_on_the_preferred_node_is_never_held_by_the_
             )
         ]
 
-    preferred = start_speaker(lab, n1, speaker_config(lab, n1, []), name="n1")
-    speakers.append(preferred)
-    second = start_speaker(lab, n2, speaker_config(lab, n2, []), name="n2")
-    speakers.append(second)
+    preferred = speakers.start(lab, n1, [], name="n1")
+    second = speakers.start(lab, n2, [], name="n2")
     second.update(speaker_config(lab, n2, new(253)))
     wait_until(lambda: state_of(second, 4) == "Backup", TIMEOUT, "node-2 running the instance")
     preferred.update(speaker_config(lab, n1, new(254)))

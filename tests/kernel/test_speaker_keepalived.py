@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.announce.vrrp.config import InstanceConfig
 from agent.announce.vrrp.process import SpeakerProcess
 from lab.keepalived import KEEPALIVED, Keepalived
 from lab.topology import Lab, LabNode, LabSpec
-from lab.vrrp_lab import holds, link_local, speaker_config, start_speaker
+from lab.vrrp_lab import DualStack, Speakers, holds, link_local
 from lab.wait import wait_until
 from tests.kernel.test_keepalived_smoke import VIP4, VIP6, VRID, start_peer
 
@@ -31,14 +30,7 @@ pytestmark = [
 TIMEOUT = 20.0
 
 
-def nodelb(lab: Lab, node: LabNode, priority: int, name: str) -> SpeakerProcess:
-    instances = [
-        InstanceConfig(
-            vrid=VRID, family=f, priority=priority, advert_interval_cs=10, addresses=(a,)
-        )
-        for f, a in ((4, VIP4), (6, VIP6))
-    ]
-    return start_speaker(lab, node, speaker_config(lab, node, instances), name=name)
+VRRP = DualStack(vrid=VRID, vip4=VIP4, vip6=VIP6, interval_cs=10)
 
 
 def nodelb_state(sp: SpeakerProcess) -> tuple[str | None, str | None]:
@@ -67,12 +59,11 @@ def crash(lab: Lab, ka: Keepalived) -> None:
 
 
 def test_keepalived_backs_up_a_nodelb_master_and_yields_back_when_it_returns(
-    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess], tmp_path: Path
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers, tmp_path: Path
 ) -> None:
     lab = make_lab(LabSpec(nodes=2, pods_per_node=0, with_controlplane=False, with_client=False))
     n1, n2 = lab.nodes
-    master = nodelb(lab, n1, 150, "nodelb-1")
-    speakers.append(master)
+    master = speakers.start(lab, n1, VRRP.instances(150), name="nodelb-1")
     wait_until(lambda: nodelb_state(master) == ("Master", "Master"), TIMEOUT, "nodelb master")
     ka = start_peer(lab, n2, priority=100, workdir=tmp_path)
     # keepalived hears nodelb's adverts and stays backup: it never adds the VIPs.
@@ -92,8 +83,7 @@ def test_keepalived_backs_up_a_nodelb_master_and_yields_back_when_it_returns(
     wait_until(lambda: holds_both(n2), TIMEOUT, "keepalived taking over after nodelb's crash")
     assert lab.log_of(ka.proc).count("Entering MASTER STATE") == 2
 
-    back = nodelb(lab, n1, 150, "nodelb-1-back")
-    speakers.append(back)
+    back = speakers.start(lab, n1, VRRP.instances(150), name="nodelb-1-back")
     # nodelb's stale VIPs from the crash are removed at start, then re-added as it preempts.
     wait_until(lambda: nodelb_state(back) == ("Master", "Master"), TIMEOUT, "nodelb preempting")
     wait_until(lambda: holds_none(n2), TIMEOUT, "keepalived yielding the VIPs")
@@ -105,14 +95,13 @@ def test_keepalived_backs_up_a_nodelb_master_and_yields_back_when_it_returns(
 
 
 def test_a_nodelb_backup_follows_keepalived_takes_over_and_is_preempted_back(
-    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess], tmp_path: Path
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers, tmp_path: Path
 ) -> None:
     lab = make_lab(LabSpec(nodes=2, pods_per_node=0, with_controlplane=False, with_client=False))
     n1, n2 = lab.nodes
     ka = start_peer(lab, n1, priority=150, workdir=tmp_path / "first")
     wait_until(lambda: holds_both(n1), TIMEOUT, "keepalived master on node-1")
-    backup = nodelb(lab, n2, 100, "nodelb-2")
-    speakers.append(backup)
+    backup = speakers.start(lab, n2, VRRP.instances(100), name="nodelb-2")
 
     def follows_keepalived() -> bool:
         status = backup.status()

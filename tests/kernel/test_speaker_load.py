@@ -10,7 +10,6 @@ and the backup on node-2 must never take over.
 
 from __future__ import annotations
 
-import ipaddress
 import itertools
 import os
 import subprocess
@@ -20,43 +19,25 @@ from collections.abc import Callable, Iterable
 
 import pytest
 
-from agent.announce.vrrp.config import InstanceConfig
 from agent.announce.vrrp.machine import master_down_interval
 from agent.announce.vrrp.process import SpeakerProcess
 from agent.dataplane.applier import Dataplane
 from agent.dataplane.libnft import NetnsNftRunner
 from bench.dataplane import build_state
 from lab.topology import Lab, LabNode, LabSpec
-from lab.vrrp_lab import (
-    holds,
-    link_local,
-    parse_capture,
-    speaker_config,
-    start_capture,
-    start_speaker,
-)
+from lab.vrrp_lab import DualStack, Speakers, holds, link_local, parse_capture, start_capture
 from lab.wait import wait_until
 
 pytestmark = pytest.mark.kernel
 
-VIP4 = ipaddress.IPv4Address("198.18.0.220")
-VIP6 = ipaddress.IPv6Address("2001:db8::220")
-VRID = 77
-INTERVAL_CS = 10
+VRRP = DualStack.numbered(vrid=77, host=220, interval_cs=10)
+VIP4, VIP6, VRID, INTERVAL_CS = VRRP.vip4, VRRP.vip6, VRRP.vrid, VRRP.interval_cs
 INTERVAL_NS = INTERVAL_CS * 10_000_000
 TOLERANCE = 0.2
 LOAD_SECONDS = 4.0
 TIMEOUT = 30.0
 RT_PRIORITY = 10  # as the agent runs it (SpeakerProcess rt_priority, CAP_SYS_NICE)
-
-
-def instances(priority: int) -> list[InstanceConfig]:
-    return [
-        InstanceConfig(
-            vrid=VRID, family=f, priority=priority, advert_interval_cs=INTERVAL_CS, addresses=(a,)
-        )
-        for f, a in ((4, VIP4), (6, VIP6))
-    ]
+instances = VRRP.instances
 
 
 def burn(stop: threading.Event, spins: list[int]) -> None:
@@ -154,31 +135,20 @@ def backup_never_took_over(backup: SpeakerProcess) -> None:
 
 
 def two_speakers(
-    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess], cpus: Iterable[int] = ()
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers, cpus: Iterable[int] = ()
 ) -> tuple[Lab, subprocess.Popen[bytes], SpeakerProcess, SpeakerProcess]:
     lab = make_lab(LabSpec(nodes=2, pods_per_node=0, with_controlplane=False))
     assert lab.client is not None
     n1, n2 = lab.nodes
     capture = start_capture(lab, lab.client, name="capture")
-    master = start_speaker(
-        lab,
-        n1,
-        speaker_config(lab, n1, instances(200)),
-        name="n1",
-        rt_priority=RT_PRIORITY,
-        cpus=cpus,
-    )
-    speakers.append(master)
-    backup = start_speaker(
-        lab, n2, speaker_config(lab, n2, instances(100)), name="n2", rt_priority=RT_PRIORITY
-    )
-    speakers.append(backup)
+    master = speakers.start(lab, n1, instances(200), name="n1", rt_priority=RT_PRIORITY, cpus=cpus)
+    backup = speakers.start(lab, n2, instances(100), name="n2", rt_priority=RT_PRIORITY)
     wait_until(lambda: holds(n1, VIP4) and holds(n1, VIP6), TIMEOUT, "node-1 master")
     return lab, capture, master, backup
 
 
 def test_adverts_stay_within_20_percent_while_the_parent_burns_cpu_in_four_threads(
-    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess]
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers
 ) -> None:
     lab, capture, _master, backup = two_speakers(make_lab, speakers)
     start_ns, end_ns, _ = run_load(lab, threads=4, sync_services=0, seconds=LOAD_SECONDS)
@@ -191,7 +161,7 @@ def test_adverts_stay_within_20_percent_while_the_parent_burns_cpu_in_four_threa
 
 
 def test_with_a_cpu_of_its_own_adverts_stay_within_20_percent_during_a_10k_service_sync(
-    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess]
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers
 ) -> None:
     """The 10k-Service full sync plus four CPU threads in the parent, the speaker pinned.
 
@@ -220,7 +190,7 @@ def test_with_a_cpu_of_its_own_adverts_stay_within_20_percent_during_a_10k_servi
 
 
 def test_a_10k_service_sync_in_the_parent_never_delays_adverts_into_a_failover(
-    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess]
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers
 ) -> None:
     """The same load with the speaker free to run on any CPU (no pinning).
 

@@ -9,7 +9,6 @@ timestamps (lab.vrrp_lab capture).
 
 from __future__ import annotations
 
-import ipaddress
 import itertools
 import sys
 from collections.abc import Callable
@@ -19,40 +18,29 @@ from prometheus_client import CollectorRegistry
 
 from agent.announce.metrics import SpeakerMetrics
 from agent.announce.vrrp.codec import ChecksumMode, DecodeReason
-from agent.announce.vrrp.config import GratuitousConfig, InstanceConfig
+from agent.announce.vrrp.config import GratuitousConfig
 from agent.announce.vrrp.control import SpeakerStatus
-from agent.announce.vrrp.process import SpeakerProcess
 from agent.announce.vrrp.speaker import DropReason
 from lab import netns
 from lab.topology import Lab, LabSpec
 from lab.vrrp_lab import (
+    DualStack,
+    Speakers,
     holds,
     link_local,
     mac_of,
     parse_capture,
-    speaker_config,
     start_capture,
-    start_speaker,
 )
 from lab.wait import wait_until
 
 pytestmark = pytest.mark.kernel
 
-VIP4 = ipaddress.IPv4Address("198.18.0.210")
-VIP6 = ipaddress.IPv6Address("2001:db8::210")
-VRID = 9
-INTERVAL_CS = 10
+VRRP = DualStack.numbered(vrid=9, host=210, interval_cs=10)
+VIP4, VIP6, VRID = VRRP.vip4, VRRP.vip6, VRRP.vrid
 TIMEOUT = 20.0
 SPOOFS = 20
-
-
-def instances(priority: int) -> list[InstanceConfig]:
-    return [
-        InstanceConfig(
-            vrid=VRID, family=f, priority=priority, advert_interval_cs=INTERVAL_CS, addresses=(a,)
-        )
-        for f, a in ((4, VIP4), (6, VIP6))
-    ]
+instances = VRRP.instances
 
 
 def send(lab: Lab, ns: str, *args: object) -> None:
@@ -61,13 +49,12 @@ def send(lab: Lab, ns: str, *args: object) -> None:
 
 
 def test_spoofed_adverts_are_dropped_with_their_reason_and_the_master_stays(
-    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess]
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers
 ) -> None:
     lab = make_lab(LabSpec(nodes=2, pods_per_node=0, with_controlplane=False))
     assert lab.client is not None
     n1, n2 = lab.nodes
-    master = start_speaker(lab, n1, speaker_config(lab, n1, instances(100)), name="n1")
-    speakers.append(master)
+    master = speakers.start(lab, n1, instances(100), name="n1")
     wait_until(lambda: holds(n1, VIP4) and holds(n1, VIP6), TIMEOUT, "node-1 holding the VIPs")
     before = master.status()
     assert before is not None
@@ -139,7 +126,7 @@ def test_spoofed_adverts_are_dropped_with_their_reason_and_the_master_stays(
 
 @pytest.mark.parametrize("spacing_ms", [50, 150])
 def test_a_takeover_sends_the_configured_gratuitous_burst(
-    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess], spacing_ms: int
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers, spacing_ms: int
 ) -> None:
     lab = make_lab(LabSpec(nodes=1, pods_per_node=0, with_controlplane=False))
     assert lab.client is not None
@@ -147,10 +134,7 @@ def test_a_takeover_sends_the_configured_gratuitous_burst(
     capture = start_capture(lab, lab.client, name="capture")
     count = 4
     burst = GratuitousConfig(count=count, spacing_ms=spacing_ms)
-    sp = start_speaker(
-        lab, n1, speaker_config(lab, n1, instances(100), gratuitous=burst), name="n1"
-    )
-    speakers.append(sp)
+    sp = speakers.start(lab, n1, instances(100), gratuitous=burst, name="n1")
 
     def burst_seen() -> bool:
         status = sp.status()
@@ -185,17 +169,14 @@ def test_a_takeover_sends_the_configured_gratuitous_burst(
 
 
 def test_a_master_refreshes_its_announcements_periodically(
-    make_lab: Callable[[LabSpec], Lab], speakers: list[SpeakerProcess]
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers
 ) -> None:
     lab = make_lab(LabSpec(nodes=1, pods_per_node=0, with_controlplane=False))
     assert lab.client is not None
     (n1,) = lab.nodes
     capture = start_capture(lab, lab.client, name="capture")
     refresh = GratuitousConfig(count=2, spacing_ms=50, refresh_s=0.3, arp_reply=False)
-    sp = start_speaker(
-        lab, n1, speaker_config(lab, n1, instances(100), gratuitous=refresh), name="n1"
-    )
-    speakers.append(sp)
+    sp = speakers.start(lab, n1, instances(100), gratuitous=refresh, name="n1")
 
     def requests_seen() -> list[int] | None:
         times = [
