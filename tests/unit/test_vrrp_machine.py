@@ -1,7 +1,8 @@
 """The VRRPv3 state machine against RFC 5798 §6.4, case by case, plus an election simulation.
 
 Every case starts from a hand-built instance (VRID 51, priority 100, 198.18.0.11, interval
-100 cs unless it says otherwise) and the event arrives at NOW = 5 s; times are microseconds.
+100 cs, addresses 198.18.0.200 and .201, unless it says otherwise) and the event arrives at
+NOW = 5 s; times are microseconds.
 For priority 100 and 100 cs: Skew_Time = 156 × 1 s / 256 = 609 375 µs and
 Master_Down_Interval = 3 s + Skew_Time = 3 609 375 µs (§6.1).
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field, replace
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address
 
 import pytest
 from hypothesis import given, settings
@@ -45,13 +46,19 @@ from agent.announce.vrrp.machine import (
 SELF = IPv4Address("198.18.0.11")
 HIGHER_IP = IPv4Address("198.18.0.12")
 LOWER_IP = IPv4Address("198.18.0.10")
+VIPS = (IPv4Address("198.18.0.200"), IPv4Address("198.18.0.201"))
 NOW = 5_000_000
 SECOND = 1_000_000
 SKEW = 609_375
 MDI = 3_609_375
-BECOME_MASTER = (SendAdvert(100), AddAddresses(), SendGratuitous(), StartAdverTimer(NOW + SECOND))
+BECOME_MASTER = (
+    SendAdvert(100),
+    AddAddresses(VIPS),
+    SendGratuitous(VIPS),
+    StartAdverTimer(NOW + SECOND),
+)
 
-INIT = VrrpInstance(vrid=51, priority=100, primary_ip=SELF)
+INIT = VrrpInstance(vrid=51, priority=100, primary_ip=SELF, addresses=VIPS)
 BACKUP = replace(INIT, state=State.BACKUP, started_at=0, master_down_at=NOW, master=HIGHER_IP)
 MASTER = replace(INIT, state=State.MASTER, started_at=0, adver_timer_at=NOW, master=SELF)
 
@@ -140,7 +147,12 @@ CASES = [
             replace(INIT, priority=255),
             Startup(NOW),
             MS,
-            (SendAdvert(255), AddAddresses(), SendGratuitous(), StartAdverTimer(NOW + SECOND)),
+            (
+                SendAdvert(255),
+                AddAddresses(VIPS),
+                SendGratuitous(VIPS),
+                StartAdverTimer(NOW + SECOND),
+            ),
             (("master", SELF), ("adver_timer_at", NOW + SECOND)),
         ),
         id="startup of the address owner (255) goes straight to Master and announces",
@@ -219,7 +231,7 @@ CASES = [
             MASTER,
             Shutdown(NOW),
             IN,
-            (CancelTimers(), SendAdvert(0), RemoveAddresses()),
+            (CancelTimers(), SendAdvert(0), RemoveAddresses(VIPS)),
             (("adver_timer_at", None), ("master", None)),
         ),
         id="shutdown in Master resigns with priority 0 and removes the addresses",
@@ -250,7 +262,11 @@ CASES = [
             MASTER,
             advert(200, interval=50),
             BK,
-            (CancelTimers(), RemoveAddresses(), StartMasterDownTimer(NOW + 1_500_000 + 304_687)),
+            (
+                CancelTimers(),
+                RemoveAddresses(VIPS),
+                StartMasterDownTimer(NOW + 1_500_000 + 304_687),
+            ),
             (("master", HIGHER_IP), ("master_adver_interval", 50), ("adver_timer_at", None)),
         ),
         id="a higher-priority advert in Master steps down, learning the sender's interval",
@@ -260,7 +276,7 @@ CASES = [
             MASTER,
             advert(100, src=HIGHER_IP),
             BK,
-            (CancelTimers(), RemoveAddresses(), StartMasterDownTimer(NOW + MDI)),
+            (CancelTimers(), RemoveAddresses(VIPS), StartMasterDownTimer(NOW + MDI)),
         ),
         id="an equal-priority advert from a higher primary address in Master steps down",
     ),
@@ -269,7 +285,7 @@ CASES = [
             MASTER,
             advert(100, src=LOWER_IP),
             MS,
-            (SendAdvert(100), StartAdverTimer(NOW + SECOND), SendGratuitous()),
+            (SendAdvert(100), StartAdverTimer(NOW + SECOND), SendGratuitous(VIPS)),
         ),
         id="an equal-priority Master with a lower address is answered at once and re-announced",
     ),
@@ -278,7 +294,7 @@ CASES = [
             MASTER,
             advert(50),
             MS,
-            (SendAdvert(100), StartAdverTimer(NOW + SECOND), SendGratuitous()),
+            (SendAdvert(100), StartAdverTimer(NOW + SECOND), SendGratuitous(VIPS)),
         ),
         id="a lower-priority Master (a healed partition) is answered at once and re-announced",
     ),
@@ -353,6 +369,8 @@ def test_invalid_own_priorities_are_refused() -> None:
         VrrpInstance(vrid=0, priority=100, primary_ip=SELF)
     with pytest.raises(ValueError):
         VrrpInstance(vrid=1, priority=100, primary_ip=SELF, advertisement_interval=0)
+    with pytest.raises(ValueError):  # one instance, one family (RFC 5798 §7.3)
+        VrrpInstance(vrid=1, priority=100, primary_ip=SELF, addresses=(SELF, IPv6Address("::1")))
 
 
 # -- the election, simulated ------------------------------------------------------------------

@@ -24,9 +24,11 @@ at once and re-sends its gratuitous announcements instead of discarding the adve
 new value), `preempt_delay` (keepalived's meaning: for that long after Startup a Backup does
 not preempt a lower-priority Master), `startup_delay` (added to the first Master_Down_Timer
 after Startup only, so that the preferred router wins the first election of a new instance
-even when it started it a little later; nodelb sets it by rank), and the addresses:
-`AddAddresses` on becoming Master, `RemoveAddresses` on leaving it. Accept_Mode is not
-modelled (nodelb's rules decide what a held address accepts).
+even when it started it a little later; nodelb sets it by rank), and the addresses, which
+are part of the instance: `AddAddresses(addresses)` on becoming Master,
+`RemoveAddresses(addresses)` on leaving it; every action names what it acts on, so the I/O
+layer performs it without looking anything up. Accept_Mode is not modelled (nodelb's rules
+decide what a held address accepts).
 """
 
 from __future__ import annotations
@@ -150,17 +152,23 @@ class CancelTimers:
 
 @dataclass(frozen=True, slots=True)
 class AddAddresses:
-    """Bind the virtual addresses to the interface (becoming Master)."""
+    """Bind `addresses` to the interface (becoming Master)."""
+
+    addresses: tuple[IPAddress, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class RemoveAddresses:
-    """Remove the virtual addresses from the interface (leaving Master)."""
+    """Remove `addresses` from the interface (leaving Master)."""
+
+    addresses: tuple[IPAddress, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class SendGratuitous:
-    """Send the gratuitous ARP (IPv4) / unsolicited NA (IPv6) burst for every address."""
+    """Send the gratuitous ARP (IPv4) / unsolicited NA (IPv6) burst for `addresses`."""
+
+    addresses: tuple[IPAddress, ...]
 
 
 Action = (
@@ -183,7 +191,8 @@ class VrrpInstance:
     Configuration: `vrid`, `priority` (1..255; 255 = address owner, which starts as Master),
     `primary_ip` (this node's address on the segment, used for the §6.4.3 tie-break),
     `advertisement_interval` (cs), `preempt`, `preempt_delay` (cs after Startup),
-    `startup_delay` (cs added to the first Master_Down_Timer after Startup).
+    `startup_delay` (cs added to the first Master_Down_Timer after Startup), `addresses` (the
+    virtual addresses, at most 255 and all of one IP version; empty is allowed here).
     State: `state`; `master_adver_interval` (cs; learned from the Master's adverts);
     `adver_timer_at` / `master_down_at` (µs deadlines, None when that timer is not running);
     `started_at` (µs, None before Startup); `master` (the current Master's address as last
@@ -197,6 +206,7 @@ class VrrpInstance:
     preempt: bool = True
     preempt_delay: int = 0
     startup_delay: int = 0
+    addresses: tuple[IPAddress, ...] = ()
     state: State = State.INITIALIZE
     master_adver_interval: int = DEFAULT_ADVER_INT_CS
     adver_timer_at: int | None = None
@@ -217,6 +227,9 @@ class VrrpInstance:
             raise ValueError(f"preempt_delay must be >= 0, got {self.preempt_delay}")
         if self.startup_delay < 0:
             raise ValueError(f"startup_delay must be >= 0, got {self.startup_delay}")
+        # By type, not .version: every replace() runs this, and Masters replace per advert.
+        if len(self.addresses) > 255 or len(set(map(type, self.addresses))) > 1:
+            raise ValueError(f"at most 255 addresses of one IP version, got {self.addresses}")
 
     @property
     def skew_time(self) -> int:
@@ -306,7 +319,7 @@ def _backup(inst: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Actio
 def _master(inst: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Action, ...]]:
     now = event.now
     if isinstance(event, Shutdown):  # §6.4.3: cancel Adver_Timer, resign, to Initialize
-        return _stopped(inst), (CancelTimers(), SendAdvert(0), RemoveAddresses())
+        return _stopped(inst), (CancelTimers(), SendAdvert(0), RemoveAddresses(inst.addresses))
     if isinstance(event, AdverTimerFired):
         if inst.adver_timer_at is None or now < inst.adver_timer_at:
             return inst, ()  # stale
@@ -325,14 +338,14 @@ def _master(inst: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Actio
             at = now + learned.master_down_interval
             return replace(learned, master_down_at=at), (
                 CancelTimers(),
-                RemoveAddresses(),
+                RemoveAddresses(inst.addresses),
                 StartMasterDownTimer(at),
             )
         # A lower-ranked Master: two Masters, as after a healed partition. §6.4.3 discards
         # the advert; like keepalived we answer at once (it steps down on our advert) and
         # re-announce, because neighbours that followed the other Master still point at it.
         inst, actions = _advertise(inst, now)
-        return inst, (*actions, SendGratuitous())
+        return inst, (*actions, SendGratuitous(inst.addresses))
     return inst, ()  # Startup while running, or a Master_Down_Timer that no longer exists
 
 
@@ -368,8 +381,8 @@ def _become_master(inst: VrrpInstance, now: int) -> tuple[VrrpInstance, tuple[Ac
     )
     actions: tuple[Action, ...] = (
         SendAdvert(inst.priority),
-        AddAddresses(),
-        SendGratuitous(),
+        AddAddresses(inst.addresses),
+        SendGratuitous(inst.addresses),
         StartAdverTimer(at),
     )
     return master, actions

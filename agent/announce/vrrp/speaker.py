@@ -327,6 +327,7 @@ class Speaker:
                     preempt=cfg.preempt,
                     preempt_delay=cfg.preempt_delay_cs,
                     startup_delay=cfg.startup_delay_cs,
+                    addresses=cfg.addresses,
                 )
                 run = Running(config=cfg, instance=instance)
                 self.running[key] = run
@@ -347,6 +348,7 @@ class Speaker:
             preempt=cfg.preempt,
             preempt_delay=cfg.preempt_delay_cs,
             startup_delay=cfg.startup_delay_cs,
+            addresses=cfg.addresses,
         )
         if run.instance.state is vs.State.MASTER and cfg.addresses != old.addresses:
             gone = [a for a in old.addresses if a not in cfg.addresses]
@@ -378,8 +380,8 @@ class Speaker:
         finally:
             self._defer_removal = False
         if was_master:
-            deadline = now + vs.master_down_interval(1, run.config.advert_interval_cs)
-            self._handover[run.config.key] = (run.config.addresses, deadline, False)
+            deadline = now + vs.master_down_interval(1, run.instance.advertisement_interval)
+            self._handover[run.config.key] = (run.instance.addresses, deadline, False)
             self._push(deadline, TimerKind.HANDOVER, run.config.key)
 
     def _handed_over(self, key: tuple[int, int]) -> None:
@@ -388,7 +390,7 @@ class Speaker:
             a
             for r in self.running.values()
             if r.instance.state is vs.State.MASTER
-            for a in r.config.addresses
+            for a in r.instance.addresses
         }
         self._remove_addresses([a for a in addresses if a not in held_again])
 
@@ -439,7 +441,7 @@ class Speaker:
         elif isinstance(action, vs.CancelTimers):
             pass  # heap entries whose deadline no longer matches the instance are skipped
         elif isinstance(action, vs.AddAddresses):
-            for address in run.config.addresses:
+            for address in action.addresses:
                 try:
                     self.table.add(address)
                 except Exception as exc:
@@ -449,7 +451,7 @@ class Speaker:
             run.gratuitous_at = None
             run.gratuitous_left = 0
             if not self._defer_removal:
-                self._remove_addresses(run.config.addresses)
+                self._remove_addresses(action.addresses)
         elif isinstance(action, vs.SendGratuitous):
             self._start_gratuitous(run, now)
 
@@ -462,14 +464,14 @@ class Speaker:
         self._status_dirty = True
 
     def _send_advert(self, run: Running, priority: int) -> None:
-        cfg = run.config
+        cfg, inst = run.config, run.instance
         src = self._primary(cfg.family)
         dst: IPAddress = GROUP4 if cfg.family == 4 else GROUP6
         advert = Advert(
-            vrid=cfg.vrid,
+            vrid=inst.vrid,
             priority=priority,
-            max_adver_int=cfg.advert_interval_cs,
-            addresses=cfg.addresses,
+            max_adver_int=inst.advertisement_interval,
+            addresses=inst.addresses,
         )
         message = encode(advert, src=src, dst=dst, checksum_mode=self.config.checksum_mode)
         try:
@@ -489,7 +491,7 @@ class Speaker:
     def _gratuitous_round(self, run: Running) -> None:
         g = self.config.gratuitous
         forms = [(Kind.ARP_REQUEST, g.arp_request), (Kind.ARP_REPLY, g.arp_reply)]
-        for address in run.config.addresses:
+        for address in run.instance.addresses:
             if isinstance(address, ipaddress.IPv4Address):
                 for kind in [k for k, on in forms if on]:
                     frame = arp_frame(kind, mac=self.mac, address=address)
@@ -645,7 +647,7 @@ class Speaker:
                     "family": run.config.family,
                     "state": run.instance.state.value,
                     "priority": run.instance.priority,
-                    "addresses": [str(a) for a in run.config.addresses],
+                    "addresses": [str(a) for a in run.instance.addresses],
                     "master": None if run.instance.master is None else str(run.instance.master),
                     "adverts_sent": run.adverts_sent,
                     "adverts_received": run.adverts_received,
