@@ -29,6 +29,7 @@ from agent.announce.vrrp.machine import (
     Event,
     MasterDownTimerFired,
     PriorityChanged,
+    Reconfigured,
     RemoveAddresses,
     SendAdvert,
     SendGratuitous,
@@ -47,6 +48,7 @@ SELF = IPv4Address("198.18.0.11")
 HIGHER_IP = IPv4Address("198.18.0.12")
 LOWER_IP = IPv4Address("198.18.0.10")
 VIPS = (IPv4Address("198.18.0.200"), IPv4Address("198.18.0.201"))
+NEW_VIP = IPv4Address("198.18.0.202")
 NOW = 5_000_000
 SECOND = 1_000_000
 SKEW = 609_375
@@ -90,12 +92,14 @@ RFC_TABLE: dict[tuple[State, type[Event]], Rule] = {
     (IN, AdverTimerFired): rule("no timer runs in Initialize: ignored", IN),
     (IN, AdvertReceived): rule("§6.4.1 lists only Startup: adverts ignored", IN),
     (IN, PriorityChanged): rule("configuration only: takes effect at Startup", IN),
+    (IN, Reconfigured): rule("configuration only: takes effect at Startup", IN),
     (BK, Startup): rule("already started: ignored", BK),
     (BK, Shutdown): rule("§6.4.2: cancel Master_Down_Timer, -> Initialize", IN),
     (BK, MasterDownTimerFired): rule("§6.4.2: advert, ARP/NA, Adver_Timer, -> Master", MS, BK),
     (BK, AdverTimerFired): rule("no Adver_Timer runs in Backup: ignored", BK),
     (BK, AdvertReceived): rule("§6.4.2: prio 0 -> Skew_Time; accept or discard by preempt", BK),
     (BK, PriorityChanged): rule("new priority used by the next timer computation", BK),
+    (BK, Reconfigured): rule("recorded; a Backup holds no address to change", BK),
     (MS, Startup): rule("already started: ignored", MS),
     (MS, Shutdown): rule("§6.4.3: cancel Adver_Timer, advert priority 0, -> Initialize", IN),
     (MS, MasterDownTimerFired): rule("no Master_Down_Timer runs in Master: ignored", MS),
@@ -104,6 +108,7 @@ RFC_TABLE: dict[tuple[State, type[Event]], Rule] = {
         "§6.4.3: prio 0 -> advert; higher (or tie, higher IP) -> Backup", MS, BK
     ),
     (MS, PriorityChanged): rule("re-advertise at once with the new priority", MS),
+    (MS, Reconfigured): rule("swap changed addresses, announce new ones, then as priority", MS),
 }
 
 
@@ -169,6 +174,18 @@ CASES = [
         Case(INIT, PriorityChanged(NOW, 120), IN, (), (("priority", 120),)),
         id="a priority change while stopped is only recorded",
     ),
+    pytest.param(
+        Case(
+            INIT,
+            Reconfigured(
+                NOW, replace(INIT, priority=120, advertisement_interval=10, addresses=(NEW_VIP,))
+            ),
+            IN,
+            (),
+            (("priority", 120), ("advertisement_interval", 10), ("addresses", (NEW_VIP,))),
+        ),
+        id="a reconfiguration while stopped is only recorded",
+    ),
     # Backup
     pytest.param(Case(BACKUP, Startup(NOW), BK), id="a second startup in Backup is ignored"),
     pytest.param(
@@ -223,6 +240,31 @@ CASES = [
     pytest.param(
         Case(BACKUP, PriorityChanged(NOW, 200), BK, (), (("priority", 200),)),
         id="a priority change in Backup is recorded without actions",
+    ),
+    pytest.param(
+        Case(
+            BACKUP,
+            Reconfigured(NOW, replace(INIT, priority=200, preempt=False, addresses=(NEW_VIP,))),
+            BK,
+            (),
+            (
+                ("priority", 200),
+                ("preempt", False),
+                ("addresses", (NEW_VIP,)),
+                ("master_down_at", NOW),
+            ),
+        ),
+        id="a reconfiguration in Backup is recorded without actions: it holds no address yet",
+    ),
+    pytest.param(
+        Case(
+            BACKUP,
+            Reconfigured(NOW, replace(MASTER, vrid=52, master=LOWER_IP)),
+            BK,
+            (),
+            (("vrid", 51), ("state", BK), ("master", HIGHER_IP), ("master_down_at", NOW)),
+        ),
+        id="only the configuration of a reconfiguration counts: its VRID and state are ignored",
     ),
     # Master
     pytest.param(Case(MASTER, Startup(NOW), MS), id="a second startup in Master is ignored"),
@@ -311,6 +353,82 @@ CASES = [
     pytest.param(
         Case(MASTER, PriorityChanged(NOW, 100), MS),
         id="a priority 'change' to the same value in Master does nothing",
+    ),
+    pytest.param(
+        Case(
+            MASTER,
+            Reconfigured(NOW, replace(INIT, addresses=(VIPS[1], NEW_VIP))),
+            MS,
+            (
+                RemoveAddresses((VIPS[0],)),
+                AddAddresses((NEW_VIP,)),
+                SendGratuitous((VIPS[1], NEW_VIP)),
+            ),
+            (("addresses", (VIPS[1], NEW_VIP)), ("adver_timer_at", NOW)),
+        ),
+        id="a Master whose addresses change removes the old, adds the new and announces all",
+    ),
+    pytest.param(
+        Case(
+            MASTER,
+            Reconfigured(NOW, replace(INIT, addresses=(VIPS[0],))),
+            MS,
+            (RemoveAddresses((VIPS[1],)),),
+            (("addresses", (VIPS[0],)),),
+        ),
+        id="a Master that loses an address only removes it: there is nothing new to announce",
+    ),
+    pytest.param(
+        Case(
+            MASTER,
+            Reconfigured(NOW, replace(INIT, priority=150)),
+            MS,
+            (SendAdvert(150), StartAdverTimer(NOW + SECOND)),
+            (("priority", 150),),
+        ),
+        id="a Master's reconfigured priority is advertised at once, as a priority change is",
+    ),
+    pytest.param(
+        Case(
+            MASTER,
+            Reconfigured(NOW, replace(INIT, priority=150, addresses=(NEW_VIP,))),
+            MS,
+            (
+                RemoveAddresses(VIPS),
+                AddAddresses((NEW_VIP,)),
+                SendGratuitous((NEW_VIP,)),
+                SendAdvert(150),
+                StartAdverTimer(NOW + SECOND),
+            ),
+            (("priority", 150), ("addresses", (NEW_VIP,))),
+        ),
+        id="a Master reconfigured in both first swaps the addresses, then advertises the priority",
+    ),
+    pytest.param(
+        Case(
+            MASTER,
+            Reconfigured(
+                NOW, replace(INIT, advertisement_interval=10, preempt=False, startup_delay=100)
+            ),
+            MS,
+            (),
+            (("advertisement_interval", 10), ("preempt", False), ("adver_timer_at", NOW)),
+        ),
+        id="a Master's new interval and preempt settings wait for the next advert",
+    ),
+    pytest.param(
+        Case(
+            MASTER,
+            Reconfigured(NOW, replace(INIT, addresses=(VIPS[1], VIPS[0]))),
+            MS,
+            (),
+            (("addresses", (VIPS[1], VIPS[0])),),
+        ),
+        id="a Master whose addresses are only reordered has nothing to add, remove or announce",
+    ),
+    pytest.param(
+        Case(MASTER, Reconfigured(NOW, INIT), MS),
+        id="a reconfiguration to the same configuration in Master does nothing",
     ),
 ]
 

@@ -18,17 +18,23 @@ advert it accepts (§6.4.2). Timer events are honoured only when they are due (`
 past the deadline this instance recorded); an event for a timer that was restarted or
 cancelled meanwhile is stale and ignored, so a racing I/O layer cannot cause a takeover.
 
-Beyond the RFC table: a Master hearing a lower-ranked Master (a healed partition) advertises
-at once and re-sends its gratuitous announcements instead of discarding the advert silently;
-`PriorityChanged` (a Master re-advertises at once; Backups just take the
-new value), `preempt_delay` (keepalived's meaning: for that long after Startup a Backup does
-not preempt a lower-priority Master), `startup_delay` (added to the first Master_Down_Timer
-after Startup only, so that the preferred router wins the first election of a new instance
-even when it started it a little later; nodelb sets it by rank), and the addresses, which
-are part of the instance: `AddAddresses(addresses)` on becoming Master,
-`RemoveAddresses(addresses)` on leaving it; every action names what it acts on, so the I/O
-layer performs it without looking anything up. Accept_Mode is not modelled (nodelb's rules
-decide what a held address accepts).
+Beyond the RFC table:
+
+- a Master hearing a lower-ranked Master (a healed partition) advertises at once and re-sends
+  its gratuitous announcements instead of discarding the advert silently;
+- `PriorityChanged`: a Master re-advertises at once; Backups just take the new value;
+- `Reconfigured`: the configuration changed. A Master removes the addresses it no longer
+  has, adds the new ones and announces them, then treats a new priority as `PriorityChanged`;
+  every other change takes effect where the RFC next reads it;
+- `preempt_delay` (keepalived's meaning: for that long after Startup a Backup does not
+  preempt a lower-priority Master);
+- `startup_delay` (added to the first Master_Down_Timer after Startup only, so that the
+  preferred router wins the first election of a new instance even when it started it a little
+  later; nodelb sets it by rank);
+- the addresses, which are part of the instance: `AddAddresses(addresses)` on becoming
+  Master, `RemoveAddresses(addresses)` on leaving it. Every action names what it acts on, so
+  the I/O layer performs it without looking anything up. Accept_Mode is not modelled
+  (nodelb's rules decide what a held address accepts).
 """
 
 from __future__ import annotations
@@ -109,8 +115,27 @@ class PriorityChanged:
             raise ValueError(f"a router's own priority is 1..255, got {self.priority}")
 
 
+@dataclass(frozen=True, slots=True)
+class Reconfigured:
+    """This router's configuration for the VRID is now `config`'s.
+
+    Only `config`'s configuration fields count (everything `VrrpInstance` lists under
+    Configuration except `vrid`, the instance's identity); its protocol state is ignored, so
+    the I/O layer builds `config` the same way as the instance it starts.
+    """
+
+    now: int
+    config: VrrpInstance
+
+
 Event = (
-    Startup | Shutdown | MasterDownTimerFired | AdverTimerFired | AdvertReceived | PriorityChanged
+    Startup
+    | Shutdown
+    | MasterDownTimerFired
+    | AdverTimerFired
+    | AdvertReceived
+    | PriorityChanged
+    | Reconfigured
 )
 EVENT_TYPES: tuple[type[Event], ...] = (
     Startup,
@@ -119,6 +144,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     AdverTimerFired,
     AdvertReceived,
     PriorityChanged,
+    Reconfigured,
 )
 
 # -- actions ----------------------------------------------------------------------------------
@@ -275,6 +301,8 @@ def step(instance: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Acti
     """
     if isinstance(event, PriorityChanged):
         return _priority_changed(instance, event)
+    if isinstance(event, Reconfigured):
+        return _reconfigured(instance, event)
     if instance.state is State.INITIALIZE:
         return _initialize(instance, event)
     if instance.state is State.BACKUP:
@@ -358,6 +386,31 @@ def _priority_changed(
     if inst.state is State.MASTER:  # tell the Backups now: one may preempt a lowered Master
         return _advertise(changed, event.now)
     return changed, ()
+
+
+def _reconfigured(
+    inst: VrrpInstance, event: Reconfigured
+) -> tuple[VrrpInstance, tuple[Action, ...]]:
+    new = event.config
+    changed = replace(
+        inst,
+        primary_ip=new.primary_ip,
+        advertisement_interval=new.advertisement_interval,
+        preempt=new.preempt,
+        preempt_delay=new.preempt_delay,
+        startup_delay=new.startup_delay,
+        addresses=new.addresses,
+    )
+    actions: tuple[Action, ...] = ()
+    if inst.state is State.MASTER:  # a Backup adds what it holds when it becomes Master
+        gone = tuple(a for a in inst.addresses if a not in new.addresses)
+        added = tuple(a for a in new.addresses if a not in inst.addresses)
+        if gone:
+            actions += (RemoveAddresses(gone),)
+        if added:  # neighbours learn the new addresses from the announcement, not the advert
+            actions += (AddAddresses(added), SendGratuitous(changed.addresses))
+    changed, more = _priority_changed(changed, PriorityChanged(event.now, new.priority))
+    return changed, actions + more
 
 
 # -- helpers ----------------------------------------------------------------------------------

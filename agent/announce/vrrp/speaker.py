@@ -48,7 +48,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -319,30 +319,21 @@ class Speaker:
             run_or_none = self.running.get(key)
             if run_or_none is None:
                 self._socket(cfg.family)
-                instance = vs.VrrpInstance(
-                    vrid=cfg.vrid,
-                    priority=cfg.priority,
-                    primary_ip=self._primary(cfg.family),
-                    advertisement_interval=cfg.advert_interval_cs,
-                    preempt=cfg.preempt,
-                    preempt_delay=cfg.preempt_delay_cs,
-                    startup_delay=cfg.startup_delay_cs,
-                    addresses=cfg.addresses,
-                )
-                run = Running(config=cfg, instance=instance)
+                run = Running(config=cfg, instance=self._instance(cfg))
                 self.running[key] = run
                 self._step(run, vs.Startup(now))
-                continue
-            self._reconfigure(run_or_none, cfg, now)
+            else:
+                run_or_none.config = cfg
+                self._step(run_or_none, vs.Reconfigured(now, self._instance(cfg)))
         self._status_dirty = True
         if not initial:
             log.info("configuration applied", extra={"instances": len(self.running)})
 
-    def _reconfigure(self, run: Running, cfg: InstanceConfig, now: int) -> None:
-        old = run.config
-        run.config = cfg
-        run.instance = replace(
-            run.instance,
+    def _instance(self, cfg: InstanceConfig) -> vs.VrrpInstance:
+        """Return `cfg` as a state machine instance (in Initialize, not yet started)."""
+        return vs.VrrpInstance(
+            vrid=cfg.vrid,
+            priority=cfg.priority,
             primary_ip=self._primary(cfg.family),
             advertisement_interval=cfg.advert_interval_cs,
             preempt=cfg.preempt,
@@ -350,16 +341,6 @@ class Speaker:
             startup_delay=cfg.startup_delay_cs,
             addresses=cfg.addresses,
         )
-        if run.instance.state is vs.State.MASTER and cfg.addresses != old.addresses:
-            gone = [a for a in old.addresses if a not in cfg.addresses]
-            new = [a for a in cfg.addresses if a not in old.addresses]
-            self._remove_addresses(gone)
-            for a in new:
-                self.table.add(a)
-            if new:
-                self._start_gratuitous(run, now)
-        if cfg.priority != old.priority:
-            self._step(run, vs.PriorityChanged(now, cfg.priority))
 
     # -- resigning ----------------------------------------------------------------------------
 
@@ -448,8 +429,9 @@ class Speaker:
                     self._error(f"add {address}: {exc}")
             self._status_dirty = True
         elif isinstance(action, vs.RemoveAddresses):
-            run.gratuitous_at = None
-            run.gratuitous_left = 0
+            if run.instance.state is not vs.State.MASTER:  # a burst ends with Master
+                run.gratuitous_at = None
+                run.gratuitous_left = 0
             if not self._defer_removal:
                 self._remove_addresses(action.addresses)
         elif isinstance(action, vs.SendGratuitous):
