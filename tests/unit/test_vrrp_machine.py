@@ -25,8 +25,11 @@ from agent.announce.vrrp.machine import (
     AddAddresses,
     AdverTimerFired,
     AdvertReceived,
+    Burst,
     CancelTimers,
     Event,
+    GratuitousSent,
+    GratuitousTimerFired,
     MasterDownTimerFired,
     PriorityChanged,
     Reconfigured,
@@ -35,6 +38,7 @@ from agent.announce.vrrp.machine import (
     SendGratuitous,
     Shutdown,
     StartAdverTimer,
+    StartGratuitousTimer,
     StartMasterDownTimer,
     Startup,
     State,
@@ -63,6 +67,10 @@ BECOME_MASTER = (
 INIT = VrrpInstance(vrid=51, priority=100, primary_ip=SELF, addresses=VIPS)
 BACKUP = replace(INIT, state=State.BACKUP, started_at=0, master_down_at=NOW, master=HIGHER_IP)
 MASTER = replace(INIT, state=State.MASTER, started_at=0, adver_timer_at=NOW, master=SELF)
+# The default burst (5 rounds, 200 ms apart): its first round is being sent, or the third is due.
+SENDING = replace(MASTER, gratuitous_left=5)
+WAITING = replace(MASTER, gratuitous_left=3, gratuitous_at=NOW)
+SPACING = 200_000
 
 
 def advert(priority: int, *, src: IPv4Address = HIGHER_IP, interval: int = 100) -> AdvertReceived:
@@ -93,6 +101,8 @@ RFC_TABLE: dict[tuple[State, type[Event]], Rule] = {
     (IN, AdvertReceived): rule("§6.4.1 lists only Startup: adverts ignored", IN),
     (IN, PriorityChanged): rule("configuration only: takes effect at Startup", IN),
     (IN, Reconfigured): rule("configuration only: takes effect at Startup", IN),
+    (IN, GratuitousSent): rule("no burst runs in Initialize: ignored", IN),
+    (IN, GratuitousTimerFired): rule("no burst runs in Initialize: ignored", IN),
     (BK, Startup): rule("already started: ignored", BK),
     (BK, Shutdown): rule("§6.4.2: cancel Master_Down_Timer, -> Initialize", IN),
     (BK, MasterDownTimerFired): rule("§6.4.2: advert, ARP/NA, Adver_Timer, -> Master", MS, BK),
@@ -100,6 +110,8 @@ RFC_TABLE: dict[tuple[State, type[Event]], Rule] = {
     (BK, AdvertReceived): rule("§6.4.2: prio 0 -> Skew_Time; accept or discard by preempt", BK),
     (BK, PriorityChanged): rule("new priority used by the next timer computation", BK),
     (BK, Reconfigured): rule("recorded; a Backup holds no address to change", BK),
+    (BK, GratuitousSent): rule("a burst ends with Master: ignored", BK),
+    (BK, GratuitousTimerFired): rule("a burst ends with Master: ignored", BK),
     (MS, Startup): rule("already started: ignored", MS),
     (MS, Shutdown): rule("§6.4.3: cancel Adver_Timer, advert priority 0, -> Initialize", IN),
     (MS, MasterDownTimerFired): rule("no Master_Down_Timer runs in Master: ignored", MS),
@@ -109,6 +121,8 @@ RFC_TABLE: dict[tuple[State, type[Event]], Rule] = {
     ),
     (MS, PriorityChanged): rule("re-advertise at once with the new priority", MS),
     (MS, Reconfigured): rule("swap changed addresses, announce new ones, then as priority", MS),
+    (MS, GratuitousSent): rule("next round `spacing` after this one left, then refresh", MS),
+    (MS, GratuitousTimerFired): rule("the next round of the burst is due: send it", MS),
 }
 
 
@@ -170,6 +184,10 @@ CASES = [
         Case(INIT, AdverTimerFired(NOW), IN), id="an adver timer while stopped is ignored"
     ),
     pytest.param(Case(INIT, advert(200), IN), id="an advert while stopped is ignored"),
+    pytest.param(Case(INIT, GratuitousSent(NOW), IN), id="a round sent while stopped is ignored"),
+    pytest.param(
+        Case(INIT, GratuitousTimerFired(NOW), IN), id="a gratuitous timer while stopped is ignored"
+    ),
     pytest.param(
         Case(INIT, PriorityChanged(NOW, 120), IN, (), (("priority", 120),)),
         id="a priority change while stopped is only recorded",
@@ -195,6 +213,24 @@ CASES = [
     pytest.param(
         Case(BACKUP, MasterDownTimerFired(NOW), MS, BECOME_MASTER, (("master", SELF),)),
         id="the Master_Down_Timer firing in Backup takes over: advert, addresses, ARP, timer",
+    ),
+    pytest.param(
+        Case(
+            BACKUP,
+            MasterDownTimerFired(NOW),
+            MS,
+            BECOME_MASTER,
+            (("gratuitous_left", 5), ("gratuitous_at", None)),
+        ),
+        id="a takeover starts a burst of `count` rounds with its first round being sent",
+    ),
+    pytest.param(
+        Case(replace(BACKUP, gratuitous_left=2), GratuitousSent(NOW), BK),
+        id="a round reported sent in Backup is ignored: the burst ended with Master",
+    ),
+    pytest.param(
+        Case(replace(BACKUP, gratuitous_at=NOW), GratuitousTimerFired(NOW), BK),
+        id="a gratuitous timer in Backup is ignored",
     ),
     pytest.param(
         Case(replace(BACKUP, master_down_at=NOW + 1), MasterDownTimerFired(NOW), BK),
@@ -342,6 +378,102 @@ CASES = [
     ),
     pytest.param(
         Case(
+            WAITING,
+            advert(50),
+            MS,
+            (SendAdvert(100), StartAdverTimer(NOW + SECOND), SendGratuitous(VIPS)),
+            (("gratuitous_left", 5), ("gratuitous_at", None)),
+        ),
+        id="a healed partition's re-announcement restarts the burst from its first round",
+    ),
+    pytest.param(
+        Case(
+            WAITING,
+            advert(200),
+            BK,
+            (CancelTimers(), RemoveAddresses(VIPS), StartMasterDownTimer(NOW + MDI)),
+            (("gratuitous_left", 0), ("gratuitous_at", None)),
+        ),
+        id="stepping down ends the burst: no more rounds for addresses no longer held",
+    ),
+    pytest.param(
+        Case(
+            WAITING,
+            Shutdown(NOW),
+            IN,
+            (CancelTimers(), SendAdvert(0), RemoveAddresses(VIPS)),
+            (("gratuitous_left", 0), ("gratuitous_at", None)),
+        ),
+        id="a shutdown ends the burst",
+    ),
+    pytest.param(
+        Case(
+            SENDING,
+            GratuitousSent(NOW),
+            MS,
+            (StartGratuitousTimer(NOW + SPACING),),
+            (("gratuitous_left", 4), ("gratuitous_at", NOW + SPACING)),
+        ),
+        id="a round reported sent schedules the next one `spacing` after it left",
+    ),
+    pytest.param(
+        Case(
+            replace(SENDING, gratuitous_left=3, burst=Burst(count=3, spacing_us=0)),
+            GratuitousSent(NOW),
+            MS,
+            (StartGratuitousTimer(NOW),),
+            (("gratuitous_left", 2), ("gratuitous_at", NOW)),
+        ),
+        id="with no spacing the next round is due as soon as the previous one left",
+    ),
+    pytest.param(
+        Case(
+            replace(SENDING, gratuitous_left=1),
+            GratuitousSent(NOW),
+            MS,
+            (),
+            (("gratuitous_left", 0), ("gratuitous_at", None)),
+        ),
+        id="the last round reported sent ends the burst when there is no refresh",
+    ),
+    pytest.param(
+        Case(
+            replace(SENDING, gratuitous_left=1, burst=Burst(refresh_us=30 * SECOND)),
+            GratuitousSent(NOW),
+            MS,
+            (StartGratuitousTimer(NOW + 30 * SECOND),),
+            (("gratuitous_left", 1), ("gratuitous_at", NOW + 30 * SECOND)),
+        ),
+        id="after the last round a refresh is one more round every `refresh`",
+    ),
+    pytest.param(
+        Case(WAITING, GratuitousSent(NOW), MS),
+        id="a round reported sent while none is being sent is ignored",
+    ),
+    pytest.param(
+        Case(MASTER, GratuitousSent(NOW), MS),
+        id="a round reported sent after the burst ended is ignored",
+    ),
+    pytest.param(
+        Case(
+            WAITING,
+            GratuitousTimerFired(NOW),
+            MS,
+            (SendGratuitous(VIPS),),
+            (("gratuitous_left", 3), ("gratuitous_at", None)),
+        ),
+        id="the gratuitous timer in Master sends the next round",
+    ),
+    pytest.param(
+        Case(replace(WAITING, gratuitous_at=NOW + 1), GratuitousTimerFired(NOW), MS),
+        id="a stale gratuitous timer in Master is ignored",
+    ),
+    pytest.param(
+        Case(SENDING, GratuitousTimerFired(NOW), MS),
+        id="a gratuitous timer while a round is being sent is ignored (the burst restarted)",
+    ),
+    pytest.param(
+        Case(
             MASTER,
             PriorityChanged(NOW, 150),
             MS,
@@ -367,6 +499,26 @@ CASES = [
             (("addresses", (VIPS[1], NEW_VIP)), ("adver_timer_at", NOW)),
         ),
         id="a Master whose addresses change removes the old, adds the new and announces all",
+    ),
+    pytest.param(
+        Case(
+            WAITING,
+            Reconfigured(NOW, replace(INIT, addresses=(*VIPS, NEW_VIP), burst=Burst(count=2))),
+            MS,
+            (AddAddresses((NEW_VIP,)), SendGratuitous((*VIPS, NEW_VIP))),
+            (("gratuitous_left", 2), ("gratuitous_at", None), ("burst", Burst(count=2))),
+        ),
+        id="a Master's new addresses restart the burst, with the new burst settings",
+    ),
+    pytest.param(
+        Case(
+            WAITING,
+            Reconfigured(NOW, replace(INIT, burst=Burst(spacing_us=50_000))),
+            MS,
+            (),
+            (("gratuitous_left", 3), ("gratuitous_at", NOW), ("burst", Burst(spacing_us=50_000))),
+        ),
+        id="new burst settings alone apply from the next round on; the due one stays due",
     ),
     pytest.param(
         Case(
@@ -469,6 +621,31 @@ def test_step_follows_the_rfc_table(case: Case) -> None:
     assert not mismatches, mismatches
 
 
+def test_a_burst_counts_each_spacing_from_when_the_previous_round_left() -> None:
+    # An I/O layer whose timers fire 1 ms late and whose rounds take 7 ms to leave.
+    inst = replace(BACKUP, burst=Burst(count=3, spacing_us=SPACING, refresh_us=SECOND))
+    inst, actions = step(inst, MasterDownTimerFired(NOW))
+    sent: list[int] = []
+    now = NOW
+    for _ in range(5):
+        assert SendGratuitous(VIPS) in actions, actions
+        now += 7_000
+        sent.append(now)
+        inst, actions = step(inst, GratuitousSent(now))
+        (timer,) = actions
+        assert isinstance(timer, StartGratuitousTimer)
+        now = timer.at + 1_000
+        inst, actions = step(inst, GratuitousTimerFired(now))
+    gaps = [b - a for a, b in itertools.pairwise(sent)]
+    # Two spacings complete the burst of three, then the refresh goes on.
+    assert gaps == [SPACING + 8_000, SPACING + 8_000, SECOND + 8_000, SECOND + 8_000]
+    inst, _ = step(inst, GratuitousSent(now + 7_000))
+    assert inst.gratuitous_at is not None
+    due = inst.gratuitous_at
+    inst, _ = step(inst, replace(advert(200), now=now))  # a higher priority takes over
+    assert step(inst, GratuitousTimerFired(due)) == (inst, ())
+
+
 def test_timer_formulas_match_section_6_1() -> None:
     assert skew_time(100, 100) == SKEW
     assert master_down_interval(100, 100) == MDI
@@ -487,6 +664,9 @@ def test_invalid_own_priorities_are_refused() -> None:
         VrrpInstance(vrid=0, priority=100, primary_ip=SELF)
     with pytest.raises(ValueError):
         VrrpInstance(vrid=1, priority=100, primary_ip=SELF, advertisement_interval=0)
+    for bad_burst in ({"count": 0}, {"spacing_us": -1}, {"refresh_us": 0}):
+        with pytest.raises(ValueError):
+            Burst(**bad_burst)
     with pytest.raises(ValueError):  # one instance, one family (RFC 5798 §7.3)
         VrrpInstance(vrid=1, priority=100, primary_ip=SELF, addresses=(SELF, IPv6Address("::1")))
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.announce.vrrp.codec import DEFAULT_CHECKSUM_MODE, ChecksumMode
-from agent.announce.vrrp.machine import DEFAULT_ADVER_INT_CS, DEFAULT_PRIORITY
+from agent.announce.vrrp.machine import DEFAULT_ADVER_INT_CS, DEFAULT_PRIORITY, Burst
 from agent.model.net import IPAddress
 
 
@@ -41,6 +41,11 @@ class GratuitousConfig:
             raise ValueError(f"gratuitous refresh must be > 0 s or None, got {self.refresh_s}")
         if not (self.arp_request or self.arp_reply):
             raise ValueError("at least one gratuitous ARP form (request or reply) must be on")
+
+    def burst(self) -> Burst:
+        """Return when the rounds go, as the state machine schedules them (µs, not ms and s)."""
+        refresh = None if self.refresh_s is None else int(self.refresh_s * 1_000_000)
+        return Burst(count=self.count, spacing_us=self.spacing_ms * 1000, refresh_us=refresh)
 
 
 @dataclass(frozen=True, slots=True)

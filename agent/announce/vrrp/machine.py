@@ -4,9 +4,10 @@
 frozen dataclasses, and time arrives inside every event (`now`, integer microseconds on a
 monotonic clock, the resolution keepalived uses). Intervals configured or carried on the wire
 are centiseconds; deadlines in actions are absolute microseconds on the same clock as `now`.
-The I/O layer owns the two timers (Adver_Timer, Master_Down_Timer), the socket and the
-addresses, and performs the returned actions in order. At most one of the two timers runs
-at any time: every transition cancels or lets expire the one it leaves behind.
+The I/O layer owns the timers, the socket and the addresses, and performs the returned
+actions in order. Of the two protocol timers (Adver_Timer, Master_Down_Timer) at most one
+runs at any time: every transition cancels or lets expire the one it leaves behind. The
+gratuitous timer (the next round of a burst) runs only in Master.
 
 Timers (§6.1, §6.2)::
 
@@ -32,9 +33,15 @@ Beyond the RFC table:
   preferred router wins the first election of a new instance even when it started it a little
   later; nodelb sets it by rank);
 - the addresses, which are part of the instance: `AddAddresses(addresses)` on becoming
-  Master, `RemoveAddresses(addresses)` on leaving it. Every action names what it acts on, so
-  the I/O layer performs it without looking anything up. Accept_Mode is not modelled
-  (nodelb's rules decide what a held address accepts).
+  Master, `RemoveAddresses(addresses)` on leaving it;
+- the gratuitous burst (`Burst`): on becoming Master, on re-announcing after a healed
+  partition and when a Master gains addresses, one round at once (`SendGratuitous`), then
+  `count - 1` more `spacing_us` apart, each counted from when the I/O layer reports the
+  previous round sent (`GratuitousSent`), then one round every `refresh_us` if set
+  (`StartGratuitousTimer`, `GratuitousTimerFired`); leaving Master ends it.
+
+Every action names what it acts on, so the I/O layer performs it without looking anything
+up. Accept_Mode is not modelled (nodelb's rules decide what a held address accepts).
 """
 
 from __future__ import annotations
@@ -128,6 +135,24 @@ class Reconfigured:
     config: VrrpInstance
 
 
+@dataclass(frozen=True, slots=True)
+class GratuitousSent:
+    """The I/O layer finished sending the round a SendGratuitous asked for, at `now`.
+
+    The next round is spaced from here, not from when it was asked for: a round that left late
+    (a busy CPU, a slow socket) moves the rest of the burst back instead of bunching it up.
+    """
+
+    now: int
+
+
+@dataclass(frozen=True, slots=True)
+class GratuitousTimerFired:
+    """The timer set by the last StartGratuitousTimer expired: the next round is due."""
+
+    now: int
+
+
 Event = (
     Startup
     | Shutdown
@@ -136,6 +161,8 @@ Event = (
     | AdvertReceived
     | PriorityChanged
     | Reconfigured
+    | GratuitousSent
+    | GratuitousTimerFired
 )
 EVENT_TYPES: tuple[type[Event], ...] = (
     Startup,
@@ -145,6 +172,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     AdvertReceived,
     PriorityChanged,
     Reconfigured,
+    GratuitousSent,
+    GratuitousTimerFired,
 )
 
 # -- actions ----------------------------------------------------------------------------------
@@ -192,9 +221,19 @@ class RemoveAddresses:
 
 @dataclass(frozen=True, slots=True)
 class SendGratuitous:
-    """Send the gratuitous ARP (IPv4) / unsolicited NA (IPv6) burst for `addresses`."""
+    """Send one round of gratuitous ARP (IPv4) / unsolicited NA (IPv6) for `addresses`.
+
+    When the round has left, the I/O layer steps `GratuitousSent` with the time it did.
+    """
 
     addresses: tuple[IPAddress, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StartGratuitousTimer:
+    """(Re)start the gratuitous timer (the next round of the burst) to fire at `at` (µs)."""
+
+    at: int
 
 
 Action = (
@@ -205,9 +244,33 @@ Action = (
     | AddAddresses
     | RemoveAddresses
     | SendGratuitous
+    | StartGratuitousTimer
 )
 
 # -- the instance -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Burst:
+    """How a Master announces its addresses (gratuitous ARP / unsolicited NA).
+
+    `count` rounds (at least 1): the first at once, the others `spacing_us` apart, each
+    counted from when the previous round left; then, if `refresh_us` is not None, one round
+    every `refresh_us` for as long as the instance is Master (switches' FDB and neighbours'
+    caches age out).
+    """
+
+    count: int = 5
+    spacing_us: int = 200_000
+    refresh_us: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"a burst has at least 1 round, got {self.count}")
+        if self.spacing_us < 0:
+            raise ValueError(f"burst spacing must be >= 0 µs, got {self.spacing_us}")
+        if self.refresh_us is not None and self.refresh_us <= 0:
+            raise ValueError(f"refresh must be > 0 µs or None, got {self.refresh_us}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,11 +281,14 @@ class VrrpInstance:
     `primary_ip` (this node's address on the segment, used for the §6.4.3 tie-break),
     `advertisement_interval` (cs), `preempt`, `preempt_delay` (cs after Startup),
     `startup_delay` (cs added to the first Master_Down_Timer after Startup), `addresses` (the
-    virtual addresses, at most 255 and all of one IP version; empty is allowed here).
+    virtual addresses, at most 255 and all of one IP version; empty is allowed here),
+    `burst` (how a Master announces them).
     State: `state`; `master_adver_interval` (cs; learned from the Master's adverts);
     `adver_timer_at` / `master_down_at` (µs deadlines, None when that timer is not running);
     `started_at` (µs, None before Startup); `master` (the current Master's address as last
-    learned, None when unknown; this node's own when it is Master).
+    learned, None when unknown; this node's own when it is Master); the burst in progress:
+    `gratuitous_left` (rounds of it not yet reported sent, 0 when none) and `gratuitous_at`
+    (µs, when the next round is due; None while a round is being sent or none is left).
     """
 
     vrid: int
@@ -233,12 +299,15 @@ class VrrpInstance:
     preempt_delay: int = 0
     startup_delay: int = 0
     addresses: tuple[IPAddress, ...] = ()
+    burst: Burst = Burst()
     state: State = State.INITIALIZE
     master_adver_interval: int = DEFAULT_ADVER_INT_CS
     adver_timer_at: int | None = None
     master_down_at: int | None = None
     started_at: int | None = None
     master: IPAddress | None = None
+    gratuitous_left: int = 0
+    gratuitous_at: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.vrid <= 255:
@@ -303,6 +372,8 @@ def step(instance: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Acti
         return _priority_changed(instance, event)
     if isinstance(event, Reconfigured):
         return _reconfigured(instance, event)
+    if isinstance(event, GratuitousSent | GratuitousTimerFired):
+        return _burst(instance, event)
     if instance.state is State.INITIALIZE:
         return _initialize(instance, event)
     if instance.state is State.BACKUP:
@@ -362,6 +433,8 @@ def _master(inst: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Actio
                 master_adver_interval=event.max_adver_int,
                 master=event.src,
                 adver_timer_at=None,
+                gratuitous_left=0,
+                gratuitous_at=None,
             )
             at = now + learned.master_down_interval
             return replace(learned, master_down_at=at), (
@@ -373,7 +446,8 @@ def _master(inst: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Actio
         # the advert; like keepalived we answer at once (it steps down on our advert) and
         # re-announce, because neighbours that followed the other Master still point at it.
         inst, actions = _advertise(inst, now)
-        return inst, (*actions, SendGratuitous(inst.addresses))
+        inst, announce = _announce(inst)
+        return inst, (*actions, *announce)
     return inst, ()  # Startup while running, or a Master_Down_Timer that no longer exists
 
 
@@ -400,6 +474,7 @@ def _reconfigured(
         preempt_delay=new.preempt_delay,
         startup_delay=new.startup_delay,
         addresses=new.addresses,
+        burst=new.burst,
     )
     actions: tuple[Action, ...] = ()
     if inst.state is State.MASTER:  # a Backup adds what it holds when it becomes Master
@@ -408,9 +483,34 @@ def _reconfigured(
         if gone:
             actions += (RemoveAddresses(gone),)
         if added:  # neighbours learn the new addresses from the announcement, not the advert
-            actions += (AddAddresses(added), SendGratuitous(changed.addresses))
+            changed, announce = _announce(changed)
+            actions += (AddAddresses(added), *announce)
     changed, more = _priority_changed(changed, PriorityChanged(event.now, new.priority))
     return changed, actions + more
+
+
+def _burst(
+    inst: VrrpInstance, event: GratuitousSent | GratuitousTimerFired
+) -> tuple[VrrpInstance, tuple[Action, ...]]:
+    if inst.state is not State.MASTER:
+        return inst, ()  # the burst ended with Master
+    now = event.now
+    if isinstance(event, GratuitousTimerFired):
+        if inst.gratuitous_at is None or now < inst.gratuitous_at:
+            return inst, ()  # stale: the burst was restarted or a round is being sent
+        return replace(inst, gratuitous_at=None), (SendGratuitous(inst.addresses),)
+    if inst.gratuitous_left == 0 or inst.gratuitous_at is not None:
+        return inst, ()  # no round was being sent
+    left = inst.gratuitous_left - 1
+    if left > 0:
+        at: int | None = now + inst.burst.spacing_us
+    elif inst.burst.refresh_us is not None:
+        left, at = 1, now + inst.burst.refresh_us
+    else:
+        at = None
+    return replace(inst, gratuitous_left=left, gratuitous_at=at), (
+        () if at is None else (StartGratuitousTimer(at),)
+    )
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -432,13 +532,20 @@ def _become_master(inst: VrrpInstance, now: int) -> tuple[VrrpInstance, tuple[Ac
         master_down_at=None,
         master=inst.primary_ip,
     )
+    master, announce = _announce(master)
     actions: tuple[Action, ...] = (
         SendAdvert(inst.priority),
         AddAddresses(inst.addresses),
-        SendGratuitous(inst.addresses),
+        *announce,
         StartAdverTimer(at),
     )
     return master, actions
+
+
+def _announce(inst: VrrpInstance) -> tuple[VrrpInstance, tuple[Action, ...]]:
+    """Return `inst` at the start of a new burst (replacing any in progress) and its round."""
+    started = replace(inst, gratuitous_left=inst.burst.count, gratuitous_at=None)
+    return started, (SendGratuitous(inst.addresses),)
 
 
 def _advertise(inst: VrrpInstance, now: int) -> tuple[VrrpInstance, tuple[Action, ...]]:
@@ -458,4 +565,6 @@ def _stopped(inst: VrrpInstance) -> VrrpInstance:
         master_down_at=None,
         started_at=None,
         master=None,
+        gratuitous_left=0,
+        gratuitous_at=None,
     )

@@ -98,8 +98,6 @@ class Running:
     adverts_received: int = 0
     takeovers: int = 0
     transitions: dict[str, int] = field(default_factory=dict)
-    gratuitous_left: int = 0  # rounds of the current burst still to send
-    gratuitous_at: int | None = None  # when the next round is due (µs), None when none is
 
 
 def now_us() -> int:
@@ -340,6 +338,7 @@ class Speaker:
             preempt_delay=cfg.preempt_delay_cs,
             startup_delay=cfg.startup_delay_cs,
             addresses=cfg.addresses,
+            burst=self.config.gratuitous.burst(),
         )
 
     # -- resigning ----------------------------------------------------------------------------
@@ -408,10 +407,15 @@ class Speaker:
             )
             self._status_dirty = True
             self._status_written_at = -STATUS_INTERVAL_US  # tell the parent at once
+        sent_at = None
         for action in actions:
-            self._perform(run, action, event.now)
+            sent = self._perform(run, action)
+            sent_at = sent if sent is not None else sent_at
+        if sent_at is not None:  # the burst goes on from when its round actually left
+            self._step(run, vs.GratuitousSent(sent_at))
 
-    def _perform(self, run: Running, action: vs.Action, now: int) -> None:
+    def _perform(self, run: Running, action: vs.Action) -> int | None:
+        """Perform `action`; return when a gratuitous round finished sending, else None."""
         key = run.config.key
         if isinstance(action, vs.SendAdvert):
             self._send_advert(run, action.priority)
@@ -429,13 +433,13 @@ class Speaker:
                     self._error(f"add {address}: {exc}")
             self._status_dirty = True
         elif isinstance(action, vs.RemoveAddresses):
-            if run.instance.state is not vs.State.MASTER:  # a burst ends with Master
-                run.gratuitous_at = None
-                run.gratuitous_left = 0
             if not self._defer_removal:
                 self._remove_addresses(action.addresses)
         elif isinstance(action, vs.SendGratuitous):
-            self._start_gratuitous(run, now)
+            return self._gratuitous_round(action.addresses)
+        elif isinstance(action, vs.StartGratuitousTimer):
+            self._push(action.at, TimerKind.GRATUITOUS, key)
+        return None
 
     def _remove_addresses(self, addresses: tuple[IPAddress, ...] | list[IPAddress]) -> None:
         for address in addresses:
@@ -465,15 +469,11 @@ class Speaker:
         run.adverts_sent += 1
         self._status_dirty = True
 
-    def _start_gratuitous(self, run: Running, now: int) -> None:
-        run.gratuitous_left = self.config.gratuitous.count
-        run.gratuitous_at = now
-        self._gratuitous_round(run)
-
-    def _gratuitous_round(self, run: Running) -> None:
+    def _gratuitous_round(self, addresses: tuple[IPAddress, ...]) -> int:
+        """Send one round for `addresses`; return the time (µs) it finished leaving."""
         g = self.config.gratuitous
         forms = [(Kind.ARP_REQUEST, g.arp_request), (Kind.ARP_REPLY, g.arp_reply)]
-        for address in run.instance.addresses:
+        for address in addresses:
             if isinstance(address, ipaddress.IPv4Address):
                 for kind in [k for k, on in forms if on]:
                     frame = arp_frame(kind, mac=self.mac, address=address)
@@ -483,17 +483,7 @@ class Speaker:
                 assert isinstance(src, ipaddress.IPv6Address)
                 message = unsolicited_na(target=address, mac=self.mac, src=src)
                 self._send_gratuitous(6, Kind.NA, message, src)
-        run.gratuitous_left -= 1
-        now = self.clock()  # spacing counts from when this round actually left
-        if run.gratuitous_left > 0:
-            run.gratuitous_at = now + g.spacing_ms * 1000
-        elif g.refresh_s is not None:
-            run.gratuitous_left = 1
-            run.gratuitous_at = now + int(g.refresh_s * 1_000_000)
-        else:
-            run.gratuitous_at = None
-        if run.gratuitous_at is not None:
-            self._push(run.gratuitous_at, TimerKind.GRATUITOUS, run.config.key)
+        return self.clock()
 
     def _send_gratuitous(
         self, family: int, kind: Kind, packet: bytes, src: ipaddress.IPv6Address | None
@@ -542,12 +532,8 @@ class Speaker:
                 self._step(run, vs.AdverTimerFired(now))
             elif kind is TimerKind.MASTER_DOWN and run.instance.master_down_at == at:
                 self._step(run, vs.MasterDownTimerFired(now))
-            elif (
-                kind is TimerKind.GRATUITOUS
-                and run.gratuitous_at == at
-                and run.instance.state is vs.State.MASTER
-            ):
-                self._gratuitous_round(run)
+            elif kind is TimerKind.GRATUITOUS and run.instance.gratuitous_at == at:
+                self._step(run, vs.GratuitousTimerFired(now))
 
     # -- receiving ----------------------------------------------------------------------------
 
