@@ -33,16 +33,20 @@ from agent.announce.vrrp.machine import (
     MasterDownTimerFired,
     PriorityChanged,
     Reconfigured,
+    ReleaseTimerFired,
     RemoveAddresses,
+    Resign,
     SendAdvert,
     SendGratuitous,
     Shutdown,
     StartAdverTimer,
     StartGratuitousTimer,
     StartMasterDownTimer,
+    StartReleaseTimer,
     Startup,
     State,
     VrrpInstance,
+    interface_addresses,
     master_down_interval,
     skew_time,
     step,
@@ -71,6 +75,10 @@ MASTER = replace(INIT, state=State.MASTER, started_at=0, adver_timer_at=NOW, mas
 SENDING = replace(MASTER, gratuitous_left=5)
 WAITING = replace(MASTER, gratuitous_left=3, gratuitous_at=NOW)
 SPACING = 200_000
+# A resigned Master keeps its addresses for Master_Down_Interval at priority 1 at most:
+# 3 s + 255 × 1 s / 256 = 3 996 093 µs, unless a successor's advert comes first.
+RELEASE = 3_996_093
+RESIGNED = replace(INIT, released=VIPS, release_at=NOW + RELEASE)
 
 
 def advert(priority: int, *, src: IPv4Address = HIGHER_IP, interval: int = 100) -> AdvertReceived:
@@ -94,17 +102,26 @@ def rule(text: str, *targets: State) -> Rule:
 
 IN, BK, MS = State.INITIALIZE, State.BACKUP, State.MASTER
 RFC_TABLE: dict[tuple[State, type[Event]], Rule] = {
-    (IN, Startup): rule("§6.4.1: owner (255) -> Master with advert+ARP; else -> Backup", BK, MS),
-    (IN, Shutdown): rule("not in §6.4.1: already stopped, nothing to do", IN),
+    (IN, Startup): rule(
+        "§6.4.1: owner (255) -> Master with advert+ARP; else -> Backup (a release ends first)",
+        BK,
+        MS,
+    ),
+    (IN, Shutdown): rule("not in §6.4.1: already stopped; a release ends at once", IN),
+    (IN, Resign): rule("already stopped (or resigned): nothing to do", IN),
     (IN, MasterDownTimerFired): rule("no timer runs in Initialize: ignored", IN),
     (IN, AdverTimerFired): rule("no timer runs in Initialize: ignored", IN),
-    (IN, AdvertReceived): rule("§6.4.1 lists only Startup: adverts ignored", IN),
+    (IN, AdvertReceived): rule(
+        "§6.4.1 lists only Startup: ignored, but a successor's first advert sets the release", IN
+    ),
     (IN, PriorityChanged): rule("configuration only: takes effect at Startup", IN),
     (IN, Reconfigured): rule("configuration only: takes effect at Startup", IN),
     (IN, GratuitousSent): rule("no burst runs in Initialize: ignored", IN),
     (IN, GratuitousTimerFired): rule("no burst runs in Initialize: ignored", IN),
+    (IN, ReleaseTimerFired): rule("a resigned Master removes what it kept; else ignored", IN),
     (BK, Startup): rule("already started: ignored", BK),
     (BK, Shutdown): rule("§6.4.2: cancel Master_Down_Timer, -> Initialize", IN),
+    (BK, Resign): rule("as Shutdown (§6.4.2): a Backup holds nothing to keep", IN),
     (BK, MasterDownTimerFired): rule("§6.4.2: advert, ARP/NA, Adver_Timer, -> Master", MS, BK),
     (BK, AdverTimerFired): rule("no Adver_Timer runs in Backup: ignored", BK),
     (BK, AdvertReceived): rule("§6.4.2: prio 0 -> Skew_Time; accept or discard by preempt", BK),
@@ -112,8 +129,10 @@ RFC_TABLE: dict[tuple[State, type[Event]], Rule] = {
     (BK, Reconfigured): rule("recorded; a Backup holds no address to change", BK),
     (BK, GratuitousSent): rule("a burst ends with Master: ignored", BK),
     (BK, GratuitousTimerFired): rule("a burst ends with Master: ignored", BK),
+    (BK, ReleaseTimerFired): rule("no release runs in Backup: ignored", BK),
     (MS, Startup): rule("already started: ignored", MS),
     (MS, Shutdown): rule("§6.4.3: cancel Adver_Timer, advert priority 0, -> Initialize", IN),
+    (MS, Resign): rule("§6.4.3 keeping the addresses until a successor is up, -> Initialize", IN),
     (MS, MasterDownTimerFired): rule("no Master_Down_Timer runs in Master: ignored", MS),
     (MS, AdverTimerFired): rule("§6.4.3: send advert, reset Adver_Timer", MS),
     (MS, AdvertReceived): rule(
@@ -123,6 +142,7 @@ RFC_TABLE: dict[tuple[State, type[Event]], Rule] = {
     (MS, Reconfigured): rule("swap changed addresses, announce new ones, then as priority", MS),
     (MS, GratuitousSent): rule("next round `spacing` after this one left, then refresh", MS),
     (MS, GratuitousTimerFired): rule("the next round of the burst is due: send it", MS),
+    (MS, ReleaseTimerFired): rule("no release runs in Master: ignored", MS),
 }
 
 
@@ -184,6 +204,89 @@ CASES = [
         Case(INIT, AdverTimerFired(NOW), IN), id="an adver timer while stopped is ignored"
     ),
     pytest.param(Case(INIT, advert(200), IN), id="an advert while stopped is ignored"),
+    pytest.param(Case(INIT, Resign(NOW), IN), id="resigning while stopped does nothing"),
+    pytest.param(
+        Case(INIT, ReleaseTimerFired(NOW), IN), id="a release timer while stopped is ignored"
+    ),
+    pytest.param(
+        Case(RESIGNED, Resign(NOW), IN), id="resigning again while releasing changes nothing"
+    ),
+    pytest.param(
+        Case(
+            RESIGNED,
+            advert(200, interval=50),
+            IN,
+            (StartReleaseTimer(NOW + 500_000),),
+            (("release_at", NOW + 500_000), ("successor_heard", True), ("released", VIPS)),
+        ),
+        id="a successor's first advert moves the release to one of its intervals from now",
+    ),
+    pytest.param(
+        Case(
+            RESIGNED,
+            advert(50, interval=50),
+            IN,
+            (StartReleaseTimer(NOW + 500_000),),
+            (("release_at", NOW + 500_000), ("successor_heard", True)),
+        ),
+        id="any non-zero priority is a successor: the release does not wait for a better one",
+    ),
+    pytest.param(
+        Case(replace(RESIGNED, successor_heard=True), advert(200), IN),
+        id="the successor's later adverts do not move the release again",
+    ),
+    pytest.param(
+        Case(RESIGNED, advert(0), IN),
+        id="another router resigning is no successor: the release keeps its deadline",
+    ),
+    pytest.param(
+        Case(
+            replace(RESIGNED, release_at=NOW),
+            ReleaseTimerFired(NOW),
+            IN,
+            (RemoveAddresses(VIPS),),
+            (("released", ()), ("release_at", None), ("successor_heard", False)),
+        ),
+        id="the release timer removes what the resigned Master kept",
+    ),
+    pytest.param(
+        Case(RESIGNED, ReleaseTimerFired(NOW), IN),
+        id="a stale release timer (a successor moved the deadline) is ignored",
+    ),
+    pytest.param(
+        Case(RESIGNED, MasterDownTimerFired(NOW), IN),
+        id="a protocol timer while releasing is ignored",
+    ),
+    pytest.param(
+        Case(
+            RESIGNED,
+            Startup(NOW),
+            BK,
+            (RemoveAddresses(VIPS), StartMasterDownTimer(NOW + MDI)),
+            (("released", ()), ("release_at", None)),
+        ),
+        id="a startup while releasing ends the release at once, then starts as a Backup",
+    ),
+    pytest.param(
+        Case(
+            RESIGNED,
+            Shutdown(NOW),
+            IN,
+            (RemoveAddresses(VIPS),),
+            (("released", ()), ("release_at", None)),
+        ),
+        id="a shutdown while releasing removes the kept addresses at once",
+    ),
+    pytest.param(
+        Case(
+            RESIGNED,
+            Reconfigured(NOW, replace(INIT, addresses=(NEW_VIP,))),
+            IN,
+            (),
+            (("addresses", (NEW_VIP,)), ("released", VIPS), ("release_at", NOW + RELEASE)),
+        ),
+        id="a reconfiguration while releasing is recorded; the release keeps what it kept",
+    ),
     pytest.param(Case(INIT, GratuitousSent(NOW), IN), id="a round sent while stopped is ignored"),
     pytest.param(
         Case(INIT, GratuitousTimerFired(NOW), IN), id="a gratuitous timer while stopped is ignored"
@@ -206,6 +309,19 @@ CASES = [
     ),
     # Backup
     pytest.param(Case(BACKUP, Startup(NOW), BK), id="a second startup in Backup is ignored"),
+    pytest.param(
+        Case(
+            BACKUP,
+            Resign(NOW),
+            IN,
+            (CancelTimers(),),
+            (("master_down_at", None), ("release_at", None), ("released", ())),
+        ),
+        id="resigning in Backup is a shutdown: it holds nothing to keep",
+    ),
+    pytest.param(
+        Case(BACKUP, ReleaseTimerFired(NOW), BK), id="a release timer in Backup is ignored"
+    ),
     pytest.param(
         Case(BACKUP, Shutdown(NOW), IN, (CancelTimers(),), (("master_down_at", None),)),
         id="shutdown in Backup cancels the timer and goes to Initialize",
@@ -304,6 +420,35 @@ CASES = [
     ),
     # Master
     pytest.param(Case(MASTER, Startup(NOW), MS), id="a second startup in Master is ignored"),
+    pytest.param(
+        Case(
+            MASTER,
+            Resign(NOW),
+            IN,
+            (CancelTimers(), SendAdvert(0), StartReleaseTimer(NOW + RELEASE)),
+            (
+                ("released", VIPS),
+                ("release_at", NOW + RELEASE),
+                ("successor_heard", False),
+                ("adver_timer_at", None),
+                ("master", None),
+            ),
+        ),
+        id="resigning in Master sends priority 0 but keeps the addresses until released",
+    ),
+    pytest.param(
+        Case(
+            replace(WAITING, advertisement_interval=10),
+            Resign(NOW),
+            IN,
+            (CancelTimers(), SendAdvert(0), StartReleaseTimer(NOW + 300_000 + 99_609)),
+            (("gratuitous_left", 0), ("gratuitous_at", None), ("released", VIPS)),
+        ),
+        id="a resigning Master's own interval sets the deadline, and its burst ends",
+    ),
+    pytest.param(
+        Case(MASTER, ReleaseTimerFired(NOW), MS), id="a release timer in Master is ignored"
+    ),
     pytest.param(
         Case(
             MASTER,
@@ -646,6 +791,14 @@ def test_a_burst_counts_each_spacing_from_when_the_previous_round_left() -> None
     assert step(inst, GratuitousTimerFired(due)) == (inst, ())
 
 
+def test_the_interface_carries_what_masters_and_releasing_instances_hold() -> None:
+    other = replace(BACKUP, vrid=52, addresses=(NEW_VIP,))
+    assert [i.holding for i in (INIT, BACKUP, MASTER, RESIGNED, other)] == [(), (), VIPS, VIPS, ()]
+    moved = replace(MASTER, vrid=53, addresses=(VIPS[0], NEW_VIP))
+    assert interface_addresses([RESIGNED, other, moved]) == {*VIPS, NEW_VIP}
+    assert interface_addresses([INIT, other]) == frozenset()
+
+
 def test_timer_formulas_match_section_6_1() -> None:
     assert skew_time(100, 100) == SKEW
     assert master_down_interval(100, 100) == MDI
@@ -691,13 +844,16 @@ class Sim:
     down_gen: list[int] = field(default_factory=list)
     running: list[set[str]] = field(default_factory=list)
     takeovers: list[int] = field(default_factory=list)  # AddAddresses per node
+    held: list[set[IPv4Address | IPv6Address]] = field(default_factory=list)  # per node
+    release_gen: list[int] = field(default_factory=list)
     now: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.nodes)
-        self.adver_gen, self.down_gen = [0] * n, [0] * n
+        self.adver_gen, self.down_gen, self.release_gen = [0] * n, [0] * n, [0] * n
         self.running = [set() for _ in range(n)]
         self.takeovers = [0] * n
+        self.held = [set() for _ in range(n)]
 
     def at(self, when: int, node: int, event: Event, gen: int = -1) -> None:
         heapq.heappush(self.queue, (when, next(self.seq), node, event, gen))
@@ -710,12 +866,15 @@ class Sim:
                 continue
             if isinstance(event, MasterDownTimerFired) and gen != self.down_gen[k]:
                 continue
+            if isinstance(event, ReleaseTimerFired) and gen != self.release_gen[k]:
+                continue
             if isinstance(event, AdverTimerFired | MasterDownTimerFired):
                 self.running[k].discard(type(event).__name__)
             self.nodes[k], actions = step(self.nodes[k], event)
             for action in actions:
                 self.perform(k, action)
             assert len(self.running[k]) <= 1, f"node {k} runs both timers"
+            assert self.held[k] == set(self.nodes[k].holding), f"node {k}: {self.nodes[k]}"
         self.now = until
 
     def perform(self, k: int, action: Action) -> None:
@@ -740,6 +899,12 @@ class Sim:
             self.at(action.at, k, MasterDownTimerFired(action.at), self.down_gen[k])
         elif isinstance(action, AddAddresses):
             self.takeovers[k] += 1
+            self.held[k] |= set(action.addresses)
+        elif isinstance(action, RemoveAddresses):
+            self.held[k] -= set(action.addresses)
+        elif isinstance(action, StartReleaseTimer):
+            self.release_gen[k] += 1
+            self.at(action.at, k, ReleaseTimerFired(action.at), self.release_gen[k])
         elif isinstance(action, CancelTimers):
             self.adver_gen[k] += 1
             self.down_gen[k] += 1
@@ -759,6 +924,7 @@ def elections(draw: st.DrawFn) -> tuple[list[VrrpInstance], list[int], int]:
             vrid=51,
             priority=draw(st.integers(1, 255)),
             primary_ip=IPv4Address(f"198.18.0.{octet}"),
+            addresses=VIPS,
             advertisement_interval=interval,
             preempt=draw(st.booleans()),
             startup_delay=draw(st.integers(0, 3 * interval)),
@@ -770,9 +936,17 @@ def elections(draw: st.DrawFn) -> tuple[list[VrrpInstance], list[int], int]:
     return nodes, starts, latency
 
 
+@pytest.mark.parametrize(
+    "stop",
+    [
+        pytest.param(Shutdown, id="the Master shuts down"),
+        pytest.param(Resign, id="the Master resigns gracefully and releases its addresses"),
+    ],
+)
 @settings(max_examples=150, deadline=None)
 @given(elections())
 def test_instances_given_the_same_adverts_converge_to_exactly_one_master(
+    stop: type[Shutdown | Resign],
     election: tuple[list[VrrpInstance], list[int], int],
 ) -> None:
     nodes, starts, latency = election
@@ -795,10 +969,12 @@ def test_instances_given_the_same_adverts_converge_to_exactly_one_master(
         assert sim.nodes[winner].priority == max(n.priority for n in sim.nodes)
 
     # The Master resigns: the others elect exactly one new Master among themselves.
-    sim.at(sim.now, winner, Shutdown(sim.now))
+    sim.at(sim.now, winner, stop(sim.now))
     sim.run_until(2 * settle)
     masters = sim.masters()
     assert len(masters) == 1 and masters[0] != winner, f"after resignation: {sim.nodes}"
+    # Only the new Master holds the addresses; the old one has let go (Sim checks each step).
+    assert [k for k, held in enumerate(sim.held) if held] == masters, sim.held
     if all(n.preempt for n in nodes):
         rest = [n for k, n in enumerate(sim.nodes) if k != winner]
         assert sim.nodes[masters[0]].priority == max(n.priority for n in rest)
@@ -846,6 +1022,37 @@ def test_a_resignation_hands_over_within_skew_time_not_master_down_interval() ->
     sim.at(sim.now, 0, Shutdown(sim.now))
     sim.run_until(sim.now + SKEW)
     assert sim.masters() == [1], "the Backup takes over Skew_Time after the priority-0 advert"
+
+
+def test_a_resigned_master_keeps_its_addresses_until_its_successor_advertised_an_interval() -> None:
+    high = VrrpInstance(vrid=51, priority=200, primary_ip=HIGHER_IP, addresses=VIPS)
+    low = VrrpInstance(vrid=51, priority=100, primary_ip=SELF, addresses=VIPS)
+    sim = Sim([high, low], latency=0)
+    sim.at(0, 0, Startup(0))
+    sim.at(0, 1, Startup(0))
+    sim.run_until(10 * SECOND)
+    assert sim.masters() == [0] and sim.held == [set(VIPS), set()]
+    resigned = sim.now
+    sim.at(resigned, 0, Resign(resigned))
+    sim.run_until(resigned + SKEW)  # the Backup takes over after Skew_Time ...
+    assert sim.masters() == [1] and sim.held == [set(VIPS), set(VIPS)]
+    took_over = resigned + SKEW
+    sim.run_until(took_over + SECOND - 1)  # ... and the old Master answers one interval more
+    assert sim.held == [set(VIPS), set(VIPS)]
+    sim.run_until(took_over + SECOND)
+    assert sim.held == [set(), set(VIPS)]
+    assert sim.nodes[0].state is State.INITIALIZE and sim.nodes[0].release_at is None
+
+
+def test_a_resigned_master_nobody_replaces_lets_go_after_the_longest_master_down_interval() -> None:
+    sim = Sim([VrrpInstance(vrid=51, priority=255, primary_ip=SELF, addresses=VIPS)], latency=0)
+    sim.at(0, 0, Startup(0))
+    sim.run_until(SECOND)
+    sim.at(SECOND, 0, Resign(SECOND))
+    sim.run_until(SECOND + RELEASE - 1)
+    assert sim.held == [set(VIPS)]
+    sim.run_until(SECOND + RELEASE)
+    assert sim.held == [set()]
 
 
 def test_equal_priorities_starting_together_elect_the_higher_primary_address() -> None:

@@ -7,7 +7,8 @@ are centiseconds; deadlines in actions are absolute microseconds on the same clo
 The I/O layer owns the timers, the socket and the addresses, and performs the returned
 actions in order. Of the two protocol timers (Adver_Timer, Master_Down_Timer) at most one
 runs at any time: every transition cancels or lets expire the one it leaves behind. The
-gratuitous timer (the next round of a burst) runs only in Master.
+gratuitous timer (the next round of a burst) runs only in Master, the release timer only in
+a resigned instance (Initialize).
 
 Timers (§6.1, §6.2)::
 
@@ -38,7 +39,14 @@ Beyond the RFC table:
   partition and when a Master gains addresses, one round at once (`SendGratuitous`), then
   `count - 1` more `spacing_us` apart, each counted from when the I/O layer reports the
   previous round sent (`GratuitousSent`), then one round every `refresh_us` if set
-  (`StartGratuitousTimer`, `GratuitousTimerFired`); leaving Master ends it.
+  (`StartGratuitousTimer`, `GratuitousTimerFired`); leaving Master ends it;
+- `Resign`, the graceful shutdown: a Master sends the priority-0 advert (§6.4.3) but keeps its
+  addresses (`released`) until another router's first non-zero-priority advert for the VRID
+  plus one of that router's advert intervals, or, if none comes, one Master_Down_Interval at
+  the lowest priority (`StartReleaseTimer`, `ReleaseTimerFired`, then `RemoveAddresses`).
+  Removing them with the advert would leave the addresses unheld for Skew_Time plus the time
+  the new Master's announcements take to reach the clients. A release runs in Initialize only:
+  Startup or Shutdown of a releasing instance ends it first (its addresses go at once).
 
 Every action names what it acts on, so the I/O layer performs it without looking anything
 up. Accept_Mode is not modelled (nodelb's rules decide what a held address accepts).
@@ -47,6 +55,7 @@ up. Accept_Mode is not modelled (nodelb's rules decide what a held address accep
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from agent.model.net import IPAddress
@@ -153,9 +162,27 @@ class GratuitousTimerFired:
     now: int
 
 
+@dataclass(frozen=True, slots=True)
+class Resign:
+    """Shut down gracefully: as Shutdown, but a Master keeps its addresses until it is replaced.
+
+    See the module docstring for when a resigned Master releases them.
+    """
+
+    now: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseTimerFired:
+    """The timer set by the last StartReleaseTimer expired: a resigned Master lets go."""
+
+    now: int
+
+
 Event = (
     Startup
     | Shutdown
+    | Resign
     | MasterDownTimerFired
     | AdverTimerFired
     | AdvertReceived
@@ -163,10 +190,12 @@ Event = (
     | Reconfigured
     | GratuitousSent
     | GratuitousTimerFired
+    | ReleaseTimerFired
 )
 EVENT_TYPES: tuple[type[Event], ...] = (
     Startup,
     Shutdown,
+    Resign,
     MasterDownTimerFired,
     AdverTimerFired,
     AdvertReceived,
@@ -174,6 +203,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     Reconfigured,
     GratuitousSent,
     GratuitousTimerFired,
+    ReleaseTimerFired,
 )
 
 # -- actions ----------------------------------------------------------------------------------
@@ -236,6 +266,13 @@ class StartGratuitousTimer:
     at: int
 
 
+@dataclass(frozen=True, slots=True)
+class StartReleaseTimer:
+    """(Re)start the release timer of a resigned Master to fire at `at` (µs)."""
+
+    at: int
+
+
 Action = (
     SendAdvert
     | StartAdverTimer
@@ -245,6 +282,7 @@ Action = (
     | RemoveAddresses
     | SendGratuitous
     | StartGratuitousTimer
+    | StartReleaseTimer
 )
 
 # -- the instance -----------------------------------------------------------------------------
@@ -288,7 +326,10 @@ class VrrpInstance:
     `started_at` (µs, None before Startup); `master` (the current Master's address as last
     learned, None when unknown; this node's own when it is Master); the burst in progress:
     `gratuitous_left` (rounds of it not yet reported sent, 0 when none) and `gratuitous_at`
-    (µs, when the next round is due; None while a round is being sent or none is left).
+    (µs, when the next round is due; None while a round is being sent or none is left); the
+    release of a resigned Master: `released` (the addresses it still holds), `release_at` (µs,
+    when it lets them go; None when no release runs) and `successor_heard` (another router
+    has advertised since the resignation, so the deadline is final).
     """
 
     vrid: int
@@ -308,6 +349,9 @@ class VrrpInstance:
     master: IPAddress | None = None
     gratuitous_left: int = 0
     gratuitous_at: int | None = None
+    released: tuple[IPAddress, ...] = ()
+    release_at: int | None = None
+    successor_heard: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.vrid <= 255:
@@ -335,6 +379,23 @@ class VrrpInstance:
     def master_down_interval(self) -> int:
         """Return Master_Down_Interval in µs (3 × Master_Adver_Interval + Skew_Time)."""
         return master_down_interval(self.priority, self.master_adver_interval)
+
+    @property
+    def holding(self) -> tuple[IPAddress, ...]:
+        """Return the addresses this instance has on the interface (empty when none).
+
+        A Master holds its `addresses`; a resigned Master the `released` ones until it lets go.
+        """
+        return self.addresses if self.state is State.MASTER else self.released
+
+
+def interface_addresses(instances: Iterable[VrrpInstance]) -> frozenset[IPAddress]:
+    """Return the addresses the interface must carry for `instances`: what any of them holds.
+
+    Empty when none holds anything. Two instances may hold one address for a moment (one
+    resigned and releasing it, another Master of it now); it stays while either holds it.
+    """
+    return frozenset(a for inst in instances for a in inst.holding)
 
 
 def skew_time(priority: int, master_adver_interval: int) -> int:
@@ -374,6 +435,8 @@ def step(instance: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Acti
         return _reconfigured(instance, event)
     if isinstance(event, GratuitousSent | GratuitousTimerFired):
         return _burst(instance, event)
+    if instance.release_at is not None:  # a resigned Master (in Initialize)
+        return _releasing(instance, event)
     if instance.state is State.INITIALIZE:
         return _initialize(instance, event)
     if instance.state is State.BACKUP:
@@ -399,7 +462,7 @@ def _initialize(inst: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[A
 
 
 def _backup(inst: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Action, ...]]:
-    if isinstance(event, Shutdown):  # §6.4.2: cancel Master_Down_Timer, to Initialize
+    if isinstance(event, Shutdown | Resign):  # §6.4.2: cancel Master_Down_Timer, to Initialize
         return _stopped(inst), (CancelTimers(),)
     if isinstance(event, MasterDownTimerFired):
         if inst.master_down_at is None or event.now < inst.master_down_at:
@@ -419,6 +482,10 @@ def _master(inst: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Actio
     now = event.now
     if isinstance(event, Shutdown):  # §6.4.3: cancel Adver_Timer, resign, to Initialize
         return _stopped(inst), (CancelTimers(), SendAdvert(0), RemoveAddresses(inst.addresses))
+    if isinstance(event, Resign):  # the same, keeping the addresses until a successor is up
+        at = now + master_down_interval(1, inst.advertisement_interval)
+        resigned = replace(_stopped(inst), released=inst.addresses, release_at=at)
+        return resigned, (CancelTimers(), SendAdvert(0), StartReleaseTimer(at))
     if isinstance(event, AdverTimerFired):
         if inst.adver_timer_at is None or now < inst.adver_timer_at:
             return inst, ()  # stale
@@ -449,6 +516,29 @@ def _master(inst: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Actio
         inst, announce = _announce(inst)
         return inst, (*actions, *announce)
     return inst, ()  # Startup while running, or a Master_Down_Timer that no longer exists
+
+
+def _releasing(inst: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Action, ...]]:
+    assert inst.release_at is not None
+    if isinstance(event, Startup | Shutdown):  # the release ends at once, then the event
+        ended = replace(inst, released=(), release_at=None, successor_heard=False)
+        removal: tuple[Action, ...] = (RemoveAddresses(inst.released),)
+        if isinstance(event, Shutdown):
+            return ended, removal
+        started, actions = _initialize(ended, event)
+        return started, removal + actions
+    if isinstance(event, ReleaseTimerFired):
+        if event.now < inst.release_at:
+            return inst, ()  # stale: a successor's advert moved the deadline
+        ended = replace(inst, released=(), release_at=None, successor_heard=False)
+        return ended, (RemoveAddresses(inst.released),)
+    if isinstance(event, AdvertReceived) and event.priority > 0 and not inst.successor_heard:
+        # Another router is Master now and its gratuitous burst follows its first advert. One
+        # more of its advert intervals lets the clients' caches move before this node stops
+        # answering, so requests in flight still land somewhere.
+        at = event.now + event.max_adver_int * US_PER_CS
+        return replace(inst, release_at=at, successor_heard=True), (StartReleaseTimer(at),)
+    return inst, ()  # resigned already; adverts after the first; other timers
 
 
 def _priority_changed(

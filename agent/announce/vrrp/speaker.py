@@ -21,7 +21,7 @@ it) is a graceful stop. The speaker writes a JSON status snapshot to `--status` 
 temporary file, then rename), at once after a state change and at most every 100 ms
 otherwise, so the parent can poll it without ever blocking this loop. SIGTERM / SIGINT are a
 graceful stop: every Master resigns with a priority-0 advert (RFC 5798 §6.4.3) and removes
-its addresses once a backup has taken over (see `Speaker._resign`); then the speaker exits.
+its addresses once a backup has taken over (the state machine's `Resign`); then it exits.
 
 Run: `python -m agent.announce.vrrp.speaker --config FILE --status FILE [--control-stdin]
 [--parent-pid PID]`.
@@ -85,7 +85,7 @@ class TimerKind(enum.IntEnum):
     ADVER = 1
     MASTER_DOWN = 2
     GRATUITOUS = 3
-    HANDOVER = 4
+    RELEASE = 4
 
 
 @dataclass(slots=True)
@@ -151,10 +151,9 @@ class Speaker:
         self._status_seq = 0
         self._state = "starting"
         self._wake_r, self._wake_w = socket.socketpair()
-        # Resigned Masters keep their addresses until a backup takes over (or a deadline):
-        # (family, vrid) -> (addresses, deadline µs, a new Master was heard). See `_resign`.
-        self._handover: dict[tuple[int, int], tuple[tuple[IPAddress, ...], int, bool]] = {}
-        self._defer_removal = False
+        # Resigned Masters that still keep their addresses until a backup has taken over
+        # (the state machine's release); no longer configured, so not in `running`.
+        self.releasing: dict[tuple[int, int], Running] = {}
         self._writer = StatusWriter(status_path, config.interface)
 
     # -- the loop -----------------------------------------------------------------------------
@@ -252,7 +251,7 @@ class Speaker:
             for run in list(self.running.values()):
                 self._resign(run, now)
             self.running.clear()
-            while self._handover:  # bounded: every handover has a deadline
+            while self.releasing:  # bounded: every release has a deadline
                 self._once()
         # Whatever the instances did, leave no marked address behind.
         with contextlib.suppress(Exception):
@@ -344,35 +343,15 @@ class Speaker:
     # -- resigning ----------------------------------------------------------------------------
 
     def _resign(self, run: Running, now: int) -> None:
-        """Shut `run` down; a Master keeps its addresses until a backup has taken over.
+        """Shut `run` down gracefully; a resigned Master is kept while it releases.
 
-        Why: removing them with the priority-0 advert (RFC 5798 §6.4.3) leaves the VIP
-        unheld for Skew_Time plus the time the new Master's gratuitous ARP / NA takes to reach
-        the clients, and every request sent meanwhile is lost. Keeping them until the first
-        non-zero-priority advert of another router for this VRID plus one advert interval (or,
-        if none comes, for one Master_Down_Interval of the lowest priority) makes a graceful
-        handover lose (nearly) nothing: bench/failover.py measures it.
+        The state machine decides how long a resigned Master keeps its addresses (`Resign`,
+        `ReleaseTimerFired`); until then it stays in `releasing`, where adverts and its
+        release timer still reach it.
         """
-        was_master = run.instance.state is vs.State.MASTER
-        self._defer_removal = was_master
-        try:
-            self._step(run, vs.Shutdown(now))
-        finally:
-            self._defer_removal = False
-        if was_master:
-            deadline = now + vs.master_down_interval(1, run.instance.advertisement_interval)
-            self._handover[run.config.key] = (run.instance.addresses, deadline, False)
-            self._push(deadline, TimerKind.HANDOVER, run.config.key)
-
-    def _handed_over(self, key: tuple[int, int]) -> None:
-        addresses, _, _ = self._handover.pop(key)
-        held_again = {
-            a
-            for r in self.running.values()
-            if r.instance.state is vs.State.MASTER
-            for a in r.instance.addresses
-        }
-        self._remove_addresses([a for a in addresses if a not in held_again])
+        self._step(run, vs.Resign(now))
+        if run.instance.release_at is not None:
+            self.releasing[run.config.key] = run
 
     # -- the state machine and its actions ----------------------------------------------------
 
@@ -433,12 +412,16 @@ class Speaker:
                     self._error(f"add {address}: {exc}")
             self._status_dirty = True
         elif isinstance(action, vs.RemoveAddresses):
-            if not self._defer_removal:
-                self._remove_addresses(action.addresses)
+            keep: frozenset[IPAddress] = frozenset()
+            if self.releasing.get(key) is run:  # a running Master may hold them again
+                keep = vs.interface_addresses(r.instance for r in self.running.values())
+            self._remove_addresses([a for a in action.addresses if a not in keep])
         elif isinstance(action, vs.SendGratuitous):
             return self._gratuitous_round(action.addresses)
         elif isinstance(action, vs.StartGratuitousTimer):
             self._push(action.at, TimerKind.GRATUITOUS, key)
+        elif isinstance(action, vs.StartReleaseTimer):
+            self._push(action.at, TimerKind.RELEASE, key)
         return None
 
     def _remove_addresses(self, addresses: tuple[IPAddress, ...] | list[IPAddress]) -> None:
@@ -514,10 +497,12 @@ class Speaker:
     def _fire_due_timers(self) -> None:
         while self._heap and self._heap[0][0] <= self.clock():
             at, _, kind, key = heapq.heappop(self._heap)
-            if kind is TimerKind.HANDOVER:
-                pending = self._handover.get(key)
-                if pending is not None and pending[1] == at:
-                    self._handed_over(key)
+            if kind is TimerKind.RELEASE:
+                resigned = self.releasing.get(key)
+                if resigned is not None and resigned.instance.release_at == at:
+                    self._step(resigned, vs.ReleaseTimerFired(self.clock()))
+                    if resigned.instance.release_at is None:
+                        del self.releasing[key]
                 continue
             run = self.running.get(key)
             if run is None:
@@ -577,25 +562,19 @@ class Speaker:
             self._drop(family, exc.reason)
             return
         key = (family, advert.vrid)
-        handing_over = key in self._handover
-        if handing_over and advert.priority > 0 and not self._handover[key][2]:
-            # Another router is Master now; its gratuitous burst follows its first advert.
-            # One more advert interval lets the clients' caches move before this node stops
-            # answering, so requests in flight still land somewhere.
-            addresses = self._handover[key][0]
-            deadline = now + advert.max_adver_int * vs.US_PER_CS
-            self._handover[key] = (addresses, deadline, True)
-            self._push(deadline, TimerKind.HANDOVER, key)
+        event = vs.AdvertReceived(
+            now=now, src=packet.src, priority=advert.priority, max_adver_int=advert.max_adver_int
+        )
+        resigned = self.releasing.get(key)
+        if resigned is not None:  # its successor's first advert sets the release deadline
+            self._step(resigned, event)
         run = self.running.get(key)
         if run is None:
-            if not handing_over:
+            if resigned is None:
                 self._drop(family, DropReason.UNKNOWN_VRID)
             return
         run.adverts_received += 1
         self._status_dirty = True
-        event = vs.AdvertReceived(
-            now=now, src=packet.src, priority=advert.priority, max_adver_int=advert.max_adver_int
-        )
         self._step(run, event)
 
     # -- status -------------------------------------------------------------------------------
