@@ -47,10 +47,10 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agent import logs
 from agent.announce.vrrp import machine as vs
@@ -100,6 +100,68 @@ class Running:
     transitions: dict[str, int] = field(default_factory=dict)
 
 
+class Addresses(Protocol):
+    """The held addresses of the interface (addresses.AddressTable)."""
+
+    def open(self) -> None: ...
+    def close(self) -> None: ...
+    def mac(self) -> bytes: ...
+    def link_local(self) -> ipaddress.IPv6Address | None: ...
+    def add(self, address: IPAddress) -> bool: ...
+    def remove(self, address: IPAddress) -> bool: ...
+    def remove_stale(self, keep: Iterable[IPAddress] = ()) -> frozenset[IPAddress]: ...
+
+
+class FrameSender(Protocol):
+    """Sends ready-made Ethernet frames: gratuitous ARP (gratuitous.ArpSender)."""
+
+    def open(self) -> None: ...
+    def close(self) -> None: ...
+    def send(self, frame: bytes) -> None: ...
+
+
+class NeighborSender(Protocol):
+    """Sends ICMPv6 messages to ff02::1: unsolicited NA (gratuitous.NaSender)."""
+
+    def open(self) -> None: ...
+    def close(self) -> None: ...
+    def send(self, message: bytes, *, src: ipaddress.IPv6Address) -> None: ...
+
+
+class AdvertSocket(Protocol):
+    """One family's VRRP socket on the interface (sockets.VrrpSocket)."""
+
+    def open(self) -> None: ...
+    def close(self) -> None: ...
+    def fileno(self) -> int: ...
+    def send(self, message: bytes, *, src: IPAddress) -> None: ...
+    def recv(self) -> Received | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakerIO:
+    """What the speaker touches in the kernel; `real()` in production, fakes in unit tests.
+
+    `open_socket(family)` returns a VRRP socket not opened yet (the speaker opens a family's
+    socket when its first instance of that family starts).
+    """
+
+    table: Addresses
+    arp: FrameSender
+    na: NeighborSender
+    open_socket: Callable[[int], AdvertSocket]
+
+    @classmethod
+    def real(cls, ifname: str) -> SpeakerIO:
+        """Return the netlink table, packet senders and raw sockets of interface `ifname`."""
+        return cls(
+            table=AddressTable(ifname),
+            arp=ArpSender(ifname),
+            na=NaSender(ifname),
+            open_socket=lambda family: VrrpSocket(family, ifname),
+        )
+
+
 def now_us() -> int:
     """Return the monotonic clock in integer microseconds (the clock every deadline uses)."""
     return time.monotonic_ns() // 1000
@@ -110,7 +172,9 @@ class Speaker:
 
     The constructor only stores its arguments; sockets open in `run()` and close before it
     returns. `control` is a readable file descriptor carrying JSON lines (None: no control
-    channel; stop with a signal).
+    channel; stop with a signal). `io` is what it touches in the kernel (None: the real
+    interface). `open`, `apply`, `accept`, `fire_due_timers` and `close` are the steps
+    `run()` takes, public so that a test with a fake `io` and clock can take them one by one.
     """
 
     def __init__(
@@ -120,16 +184,19 @@ class Speaker:
         status_path: Path,
         control: int | None = None,
         clock: Callable[[], int] = now_us,
+        io: SpeakerIO | None = None,
     ) -> None:
+        io = io if io is not None else SpeakerIO.real(config.interface)
         self.config = config
         self.status_path = status_path
         self.control = control
         self.clock = clock
         self.running: dict[tuple[int, int], Running] = {}
-        self.sockets: dict[int, VrrpSocket] = {}
-        self.table = AddressTable(config.interface)
-        self.arp = ArpSender(config.interface)
-        self.na = NaSender(config.interface)
+        self.sockets: dict[int, AdvertSocket] = {}
+        self.table = io.table
+        self.arp = io.arp
+        self.na = io.na
+        self._open_socket = io.open_socket
         self.link_local: ipaddress.IPv6Address | None = None
         self.mac = b""
         self.dropped: dict[int, dict[str, int]] = {4: {}, 6: {}}
@@ -168,12 +235,12 @@ class Speaker:
         }
         self._writer.start()
         try:
-            self._open()
+            self.open()
             self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
             if self.control is not None:
                 os.set_blocking(self.control, False)
                 self._selector.register(self.control, selectors.EVENT_READ, "control")
-            self._apply(self.config, initial=True)
+            self.apply(self.config, initial=True)
             self._state = "running"
             self._write_status(self.clock())
             while self._stop is None:
@@ -184,13 +251,14 @@ class Speaker:
             signal.set_wakeup_fd(old_wakeup)
             for s, h in old_handlers.items():
                 signal.signal(s, h)
-            self._close()
+            self.close()
 
     def _once(self) -> None:
         now = self.clock()
         timeout = None
-        if self._heap:
-            timeout = max(0.0, (self._heap[0][0] - now) / 1_000_000)
+        due = self.next_timer()
+        if due is not None:
+            timeout = max(0.0, (due - now) / 1_000_000)
         if self._status_dirty:
             flush_in = max(0.0, (self._status_written_at + STATUS_INTERVAL_US - now) / 1e6)
             timeout = flush_in if timeout is None else min(timeout, flush_in)
@@ -202,7 +270,7 @@ class Speaker:
                 self._read_control()
             else:
                 self._receive(int(key.data))
-        self._fire_due_timers()
+        self.fire_due_timers()
         now = self.clock()
         if self._status_dirty and now - self._status_written_at >= STATUS_INTERVAL_US:
             self._write_status(now)
@@ -213,7 +281,8 @@ class Speaker:
 
     # -- setup and teardown -------------------------------------------------------------------
 
-    def _open(self) -> None:
+    def open(self) -> None:
+        """Open the interface's table and senders; remove addresses a crashed speaker left."""
         self.table.open()
         self.mac = self.table.mac()
         self.link_local = self.table.link_local()
@@ -224,16 +293,17 @@ class Speaker:
         self.arp.open()
         self.na.open()
 
-    def _socket(self, family: int) -> VrrpSocket:
+    def _socket(self, family: int) -> AdvertSocket:
         sock = self.sockets.get(family)
         if sock is None:
-            sock = VrrpSocket(family, self.config.interface)
+            sock = self._open_socket(family)
             sock.open()
             self.sockets[family] = sock
             self._selector.register(sock.fileno(), selectors.EVENT_READ, str(family))
         return sock
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Close every socket, the table, the selector and the status writer."""
         self._writer.close()
         for sock in self.sockets.values():
             sock.close()
@@ -286,7 +356,7 @@ class Speaker:
             if isinstance(command, Stop):
                 self._stop = command.graceful
             else:
-                self._apply(command.config, initial=False)
+                self.apply(command.config)
         except (ValueError, KeyError, TypeError, OSError) as exc:
             # The instances applied before the failure keep running; the parent sees the
             # error in the status and can send the configuration again.
@@ -303,8 +373,12 @@ class Speaker:
             raise ValueError(f"{self.config.interface} has no IPv6 link-local address")
         return self.link_local
 
-    def _apply(self, config: SpeakerConfig, *, initial: bool) -> None:
-        """Move from the running instances to `config`'s, leaving unchanged ones alone."""
+    def apply(self, config: SpeakerConfig, *, initial: bool = False) -> None:
+        """Move from the running instances to `config`'s, leaving unchanged ones alone.
+
+        A new instance gets Startup, a kept one Reconfigured, a removed one Resign. Raises
+        ValueError when `config` cannot run here (another interface, no source address).
+        """
         if config.interface != self.config.interface:
             raise ValueError("the interface cannot change; restart the speaker")
         self.config = config
@@ -494,7 +568,12 @@ class Speaker:
         self._heap_seq += 1
         heapq.heappush(self._heap, (at, self._heap_seq, kind, key))
 
-    def _fire_due_timers(self) -> None:
+    def next_timer(self) -> int | None:
+        """Return the earliest pending timer deadline (µs), None when no timer is pending."""
+        return self._heap[0][0] if self._heap else None
+
+    def fire_due_timers(self) -> None:
+        """Step every instance whose timer is due now (stale heap entries are dropped)."""
         while self._heap and self._heap[0][0] <= self.clock():
             at, _, kind, key = heapq.heappop(self._heap)
             if kind is TimerKind.RELEASE:
@@ -537,9 +616,10 @@ class Speaker:
                 return
             if packet is None:
                 return
-            self._accept(family, packet)
+            self.accept(family, packet)
 
-    def _accept(self, family: int, packet: Received) -> None:
+    def accept(self, family: int, packet: Received) -> None:
+        """Check one received packet (RFC 5798 §7.1) and step its instances, or count a drop."""
         now = self.clock()
         own = self.config.source4 if family == 4 else self.link_local
         if packet.src == own:

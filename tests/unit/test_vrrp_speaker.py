@@ -1,0 +1,314 @@
+"""The speaker shell, with fake kernel interfaces and a fake clock: it performs what `step` says.
+
+A `Harness` runs one `Speaker` on a fake interface (a set of addresses, recorded ARP frames and
+adverts) and moves a fake clock from timer to timer, so a burst, a takeover or a handover
+plays out in microseconds of test time and every deadline is exact. The kernel tier
+(tests/kernel/test_speaker_*.py) runs the same code on real sockets; these tests pin what the
+shell does with the state machine's actions.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv6Address
+from pathlib import Path
+
+import pytest
+
+from agent.announce.vrrp.codec import Advert, decode, encode
+from agent.announce.vrrp.config import GratuitousConfig, InstanceConfig, SpeakerConfig
+from agent.announce.vrrp.control import parse_status
+from agent.announce.vrrp.machine import master_down_interval
+from agent.announce.vrrp.sockets import GROUP4, GROUP6, Received
+from agent.announce.vrrp.speaker import AdvertSocket, Speaker, SpeakerIO
+from agent.model.net import IPAddress
+
+SRC4, PEER4 = IPv4Address("198.18.0.11"), IPv4Address("198.18.0.12")
+LINK_LOCAL, PEER6 = IPv6Address("fe80::11"), IPv6Address("fe80::12")
+MAC = bytes.fromhex("02000000000b")
+VIP_A, VIP_B, VIP_C = (IPv4Address(f"198.18.0.{n}") for n in (200, 201, 202))
+VIP6 = IPv6Address("2001:db8::200")
+VRID = 5
+INTERVAL = 10  # cs: 100 ms
+INTERVAL_US = 100_000
+START = 1_000_000
+BURST = GratuitousConfig(count=3, spacing_ms=50, arp_reply=False)
+
+
+class Clock:
+    """A monotonic clock in µs that moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = START
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class FakeTable:
+    """The interface's nodelb addresses, as a set."""
+
+    def __init__(self) -> None:
+        self.addresses: set[IPAddress] = set()
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def mac(self) -> bytes:
+        return MAC
+
+    def link_local(self) -> IPv6Address | None:
+        return LINK_LOCAL
+
+    def add(self, address: IPAddress) -> bool:
+        new = address not in self.addresses
+        self.addresses.add(address)
+        return new
+
+    def remove(self, address: IPAddress) -> bool:
+        present = address in self.addresses
+        self.addresses.discard(address)
+        return present
+
+    def remove_stale(self, keep: object = ()) -> frozenset[IPAddress]:
+        gone = frozenset(self.addresses)
+        self.addresses.clear()
+        return gone
+
+
+@dataclass
+class Sent:
+    """What left the fake interface, stamped with the fake clock."""
+
+    clock: Clock
+    arp: list[tuple[int, IPv4Address]] = field(default_factory=list)  # (µs, target)
+    na: list[tuple[int, IPv6Address]] = field(default_factory=list)
+    adverts: list[tuple[int, int, Advert]] = field(default_factory=list)  # (µs, family, advert)
+
+
+class FakeArp:
+    def __init__(self, sent: Sent) -> None:
+        self.sent = sent
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def send(self, frame: bytes) -> None:
+        self.sent.arp.append((self.sent.clock(), IPv4Address(frame[38:42])))
+
+
+class FakeNa:
+    def __init__(self, sent: Sent) -> None:
+        self.sent = sent
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def send(self, message: bytes, *, src: IPv6Address) -> None:
+        self.sent.na.append((self.sent.clock(), IPv6Address(message[8:24])))
+
+
+class FakeSocket:
+    """A family's VRRP socket: what is sent is decoded and recorded; nothing arrives by itself."""
+
+    def __init__(self, family: int, sent: Sent) -> None:
+        self.family = family
+        self.sent = sent
+        self._pair: tuple[socket.socket, socket.socket] | None = None
+
+    def open(self) -> None:
+        self._pair = socket.socketpair()  # a real descriptor, for the speaker's selector
+
+    def close(self) -> None:
+        if self._pair is not None:
+            for end in self._pair:
+                end.close()
+            self._pair = None
+
+    def fileno(self) -> int:
+        assert self._pair is not None
+        return self._pair[0].fileno()
+
+    def send(self, message: bytes, *, src: IPAddress) -> None:
+        dst = GROUP4 if self.family == 4 else GROUP6
+        advert = decode(message, src=src, dst=dst, family=self.family)
+        self.sent.adverts.append((self.sent.clock(), self.family, advert))
+
+    def recv(self) -> Received | None:
+        return None
+
+
+def instance(
+    *addresses: IPAddress, vrid: int = VRID, priority: int = 100, family: int = 4
+) -> InstanceConfig:
+    return InstanceConfig(
+        vrid=vrid,
+        family=family,
+        priority=priority,
+        advert_interval_cs=INTERVAL,
+        addresses=addresses,
+    )
+
+
+def speaker_config(*instances: InstanceConfig) -> SpeakerConfig:
+    return SpeakerConfig(
+        interface="eth0",
+        source4=SRC4,
+        peers=frozenset({PEER4, PEER6}),
+        instances=instances,
+        gratuitous=BURST,
+    )
+
+
+@dataclass
+class Harness:
+    speaker: Speaker
+    clock: Clock
+    table: FakeTable
+    sent: Sent
+
+    def run_until(self, until: int) -> None:
+        """Fire every timer due up to `until` at its deadline, then set the clock to `until`."""
+        while (due := self.speaker.next_timer()) is not None and due <= until:
+            self.clock.now = max(self.clock.now, due)
+            self.speaker.fire_due_timers()
+        self.clock.now = until
+
+    def hear(self, priority: int, *, vrid: int = VRID, family: int = 4) -> None:
+        """Deliver a valid advert from the peer, now."""
+        src: IPAddress = PEER4 if family == 4 else PEER6
+        dst: IPAddress = GROUP4 if family == 4 else GROUP6
+        addresses: tuple[IPAddress, ...] = (VIP_A,) if family == 4 else (VIP6,)
+        advert = Advert(vrid=vrid, priority=priority, max_adver_int=INTERVAL, addresses=addresses)
+        payload = encode(advert, src=src, dst=dst)
+        self.speaker.accept(
+            family, Received(family=family, src=src, dst=dst, ttl=255, payload=payload)
+        )
+
+    def state(self, vrid: int = VRID, family: int = 4) -> str | None:
+        status = parse_status(self.speaker.status(self.clock.now))
+        inst = status.instance(family, vrid)
+        return None if inst is None else inst.state
+
+    def take_over(self) -> int:
+        """Let the first Master_Down_Timer run out (nobody else advertises); return when."""
+        at = self.clock.now + master_down_interval(100, INTERVAL)
+        self.run_until(at)
+        assert self.state() == "Master"
+        return at
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    clock = Clock()
+    sent = Sent(clock)
+    table = FakeTable()
+
+    def open_socket(family: int) -> AdvertSocket:
+        return FakeSocket(family, sent)
+
+    io = SpeakerIO(table=table, arp=FakeArp(sent), na=FakeNa(sent), open_socket=open_socket)
+    speaker = Speaker(speaker_config(), status_path=tmp_path / "status.json", clock=clock, io=io)
+    speaker.open()
+    try:
+        yield Harness(speaker, clock, table, sent)
+    finally:
+        speaker.close()
+
+
+def test_a_takeover_adds_the_addresses_and_spaces_its_burst_from_when_each_round_left(
+    harness: Harness,
+) -> None:
+    harness.speaker.apply(speaker_config(instance(VIP_A, VIP_B)))
+    assert harness.state() == "Backup" and harness.table.addresses == set()
+    took_over = harness.take_over()
+    assert harness.table.addresses == {VIP_A, VIP_B}
+    assert [(t, a.priority) for t, _, a in harness.sent.adverts] == [(took_over, 100)]
+    harness.run_until(took_over + 10 * INTERVAL_US)
+    rounds = [took_over, took_over + 50_000, took_over + 100_000]  # count 3, 50 ms apart
+    assert harness.sent.arp == [(t, vip) for t in rounds for vip in (VIP_A, VIP_B)]
+
+
+def test_a_removed_master_keeps_its_addresses_until_its_successor_advertised_an_interval(
+    harness: Harness,
+) -> None:
+    harness.speaker.apply(speaker_config(instance(VIP_A)))
+    harness.take_over()
+    resigned = harness.clock.now = harness.clock.now + 5_000
+    harness.speaker.apply(speaker_config())
+    assert harness.sent.adverts[-1][2].priority == 0  # RFC 5798 §6.4.3
+    assert harness.state() is None, "a resigned instance is no longer reported"
+    assert harness.table.addresses == {VIP_A}
+    heard = harness.clock.now = resigned + 30_000
+    harness.hear(100)  # the backup took over: one more of its intervals, then let go
+    harness.run_until(heard + INTERVAL_US - 1)
+    assert harness.table.addresses == {VIP_A}
+    harness.run_until(heard + INTERVAL_US)
+    assert harness.table.addresses == set()
+    assert not harness.speaker.releasing
+
+
+def test_a_resigned_master_nobody_replaces_lets_go_after_master_down_interval_at_priority_1(
+    harness: Harness,
+) -> None:
+    harness.speaker.apply(speaker_config(instance(VIP_A)))
+    harness.take_over()
+    resigned = harness.clock.now
+    harness.speaker.apply(speaker_config())
+    harness.hear(0)  # another router resigning is no successor
+    deadline = resigned + master_down_interval(1, INTERVAL)
+    harness.run_until(deadline - 1)
+    assert harness.table.addresses == {VIP_A}
+    harness.run_until(deadline)
+    assert harness.table.addresses == set()
+
+
+def test_a_higher_priority_advert_makes_the_master_remove_its_addresses_at_once(
+    harness: Harness,
+) -> None:
+    harness.speaker.apply(speaker_config(instance(VIP_A)))
+    harness.take_over()
+    harness.hear(200)
+    assert harness.state() == "Backup" and harness.table.addresses == set()
+    arp_before = len(harness.sent.arp)
+    # The rest of the burst was due within 100 ms; the new Master_Down_Timer runs ~340 ms.
+    harness.run_until(harness.clock.now + 3 * INTERVAL_US)
+    assert harness.state() == "Backup"
+    assert len(harness.sent.arp) == arp_before, "the burst ended with Master"
+
+
+def test_a_reconfigured_master_swaps_its_addresses_and_announces_the_new_set(
+    harness: Harness,
+) -> None:
+    harness.speaker.apply(speaker_config(instance(VIP_A, VIP_B)))
+    harness.take_over()
+    harness.run_until(harness.clock.now + 10 * INTERVAL_US)  # the takeover's burst is over
+    changed = harness.clock.now
+    arp_before = len(harness.sent.arp)
+    harness.speaker.apply(speaker_config(instance(VIP_B, VIP_C, priority=150)))
+    assert harness.table.addresses == {VIP_B, VIP_C}
+    assert harness.sent.arp[arp_before:] == [(changed, VIP_B), (changed, VIP_C)]
+    assert harness.sent.adverts[-1][0] == changed and harness.sent.adverts[-1][2].priority == 150
+    assert harness.state() == "Master"
+
+
+def test_an_ipv6_takeover_announces_with_unsolicited_neighbor_advertisements(
+    harness: Harness,
+) -> None:
+    harness.speaker.apply(speaker_config(instance(VIP6, family=6)))
+    took_over = harness.clock.now + master_down_interval(100, INTERVAL)
+    harness.run_until(took_over)
+    assert harness.state(family=6) == "Master" and harness.table.addresses == {VIP6}
+    harness.run_until(took_over + 10 * INTERVAL_US)
+    assert harness.sent.na == [(took_over + n * 50_000, VIP6) for n in range(3)]
