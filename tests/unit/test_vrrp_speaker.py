@@ -47,17 +47,21 @@ class Clock:
         return self.now
 
 
-class FakeTable:
-    """The interface's nodelb addresses, as a set."""
-
-    def __init__(self) -> None:
-        self.addresses: set[IPAddress] = set()
+class NothingToOpen:
+    """A fake kernel interface: opening and closing it does nothing."""
 
     def open(self) -> None:
         pass
 
     def close(self) -> None:
         pass
+
+
+class FakeTable(NothingToOpen):
+    """The interface's nodelb addresses, as a set."""
+
+    def __init__(self) -> None:
+        self.addresses: set[IPAddress] = set()
 
     def mac(self) -> bytes:
         return MAC
@@ -91,29 +95,21 @@ class Sent:
     adverts: list[tuple[int, int, Advert]] = field(default_factory=list)  # (µs, family, advert)
 
 
-class FakeArp:
-    def __init__(self, sent: Sent) -> None:
-        self.sent = sent
+@dataclass
+class FakeArp(NothingToOpen):
+    """Records the target of every gratuitous ARP frame."""
 
-    def open(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    sent: Sent
 
     def send(self, frame: bytes) -> None:
         self.sent.arp.append((self.sent.clock(), IPv4Address(frame[38:42])))
 
 
-class FakeNa:
-    def __init__(self, sent: Sent) -> None:
-        self.sent = sent
+@dataclass
+class FakeNa(NothingToOpen):
+    """Records the target of every unsolicited NA."""
 
-    def open(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    sent: Sent
 
     def send(self, message: bytes, *, src: IPv6Address) -> None:
         self.sent.na.append((self.sent.clock(), IPv6Address(message[8:24])))
