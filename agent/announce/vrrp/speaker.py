@@ -1,10 +1,14 @@
-"""The VRRPv3 speaker: the I/O shell around vrrp_codec and vrrp_state, in its own process.
+"""The VRRPv3 speaker: the I/O shell around vrrp.codec and vrrp.machine, in its own process.
 
 One thread, one `selectors` loop, one monotonic-clock timer heap. The loop waits for the
 earliest timer or for input (a VRRP socket per family, the control pipe, a signal), turns what
-happened into a `vrrp_state` event with `now` in microseconds, and performs the actions `step`
-returns: send an advert, (re)start a timer, add or remove the held addresses, start a
-gratuitous ARP / NA burst. Nothing here decides anything the RFC table decides.
+happened into a `machine` event with `now` in microseconds (a new configuration is Startup,
+Reconfigured or Resign per instance; a sent gratuitous round is GratuitousSent), and performs
+the actions `step` returns: send an advert or one gratuitous round, (re)start a timer, add or
+remove addresses. Nothing here decides what the state machine decides: when a takeover
+happens, what a reconfigured Master announces, how long a resigned Master keeps its addresses,
+when the next round of a burst leaves. What the shell adds is bookkeeping over instances: it
+keeps resigned Masters in `releasing` until their release is over.
 
 Why a process of its own: the agent's Python process does CPU-heavy work (a full sync of 10k
 Services), and adverts must leave on time whatever it does (a late advert is a false failover
