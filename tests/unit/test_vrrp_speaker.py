@@ -9,18 +9,22 @@ shell does with the state machine's actions.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agent.announce.vrrp.codec import Advert, decode, encode
 from agent.announce.vrrp.config import GratuitousConfig, InstanceConfig, SpeakerConfig
 from agent.announce.vrrp.control import parse_status
-from agent.announce.vrrp.machine import master_down_interval
+from agent.announce.vrrp.machine import interface_addresses, master_down_interval
 from agent.announce.vrrp.sockets import GROUP4, GROUP6, Received
 from agent.announce.vrrp.speaker import AdvertSocket, Speaker, SpeakerIO
 from agent.model.net import IPAddress
@@ -62,6 +66,7 @@ class FakeTable(NothingToOpen):
 
     def __init__(self) -> None:
         self.addresses: set[IPAddress] = set()
+        self.removals: list[IPAddress] = []  # every address removed, in order
 
     def mac(self) -> bytes:
         return MAC
@@ -75,6 +80,7 @@ class FakeTable(NothingToOpen):
         return new
 
     def remove(self, address: IPAddress) -> bool:
+        self.removals.append(address)
         present = address in self.addresses
         self.addresses.discard(address)
         return present
@@ -174,11 +180,15 @@ class Harness:
     table: FakeTable
     sent: Sent
 
-    def run_until(self, until: int) -> None:
-        """Fire every timer due up to `until` at its deadline, then set the clock to `until`."""
+    def run_until(self, until: int, *, after_each: Callable[[], None] = lambda: None) -> None:
+        """Fire every timer due up to `until` at its deadline, then set the clock to `until`.
+
+        `after_each` runs after every deadline's timers have fired.
+        """
         while (due := self.speaker.next_timer()) is not None and due <= until:
             self.clock.now = max(self.clock.now, due)
             self.speaker.fire_due_timers()
+            after_each()
         self.clock.now = until
 
     def hear(self, priority: int, *, vrid: int = VRID, family: int = 4) -> None:
@@ -207,6 +217,13 @@ class Harness:
 
 @pytest.fixture
 def harness(tmp_path: Path) -> Iterator[Harness]:
+    with harness_on(tmp_path) as h:
+        yield h
+
+
+@contextlib.contextmanager
+def harness_on(tmp_path: Path) -> Iterator[Harness]:
+    """Yield a Harness with an open speaker and no instance yet; close the speaker after."""
     clock = Clock()
     sent = Sent(clock)
     table = FakeTable()
@@ -308,3 +325,106 @@ def test_an_ipv6_takeover_announces_with_unsolicited_neighbor_advertisements(
     assert harness.state(family=6) == "Master" and harness.table.addresses == {VIP6}
     harness.run_until(took_over + 10 * INTERVAL_US)
     assert harness.sent.na == [(took_over + n * 50_000, VIP6) for n in range(3)]
+
+
+# -- the interface carries exactly what the instances hold (issue #18, item 2) -------------
+
+
+def test_two_masters_swapping_their_addresses_in_one_update_never_drop_one(
+    harness: Harness,
+) -> None:
+    # Each instance gives one address up and takes the other's: whichever is stepped first,
+    # the address it gives up is held by the other once the update is done.
+    harness.speaker.apply(speaker_config(instance(VIP_A, vrid=1), instance(VIP_B, vrid=2)))
+    harness.run_until(harness.clock.now + master_down_interval(100, INTERVAL))
+    assert harness.state(1) == harness.state(2) == "Master"
+    harness.speaker.apply(speaker_config(instance(VIP_B, vrid=1), instance(VIP_A, vrid=2)))
+    assert harness.table.addresses == {VIP_A, VIP_B}
+    assert harness.table.removals == []
+
+
+POOL = tuple(IPv4Address(f"198.18.0.{n}") for n in range(200, 206))
+VRIDS = (1, 2, 3, 4)
+
+
+@dataclass(frozen=True, slots=True)
+class Configure:
+    """Apply a configuration: POOL[i] goes to VRID owners[i] (0: to no instance)."""
+
+    owners: tuple[int, ...]
+    priorities: tuple[int, ...]  # per VRID
+
+
+@dataclass(frozen=True, slots=True)
+class Hear:
+    """The peer advertises `vrid` at `priority` now."""
+
+    vrid: int
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Let `us` pass, firing every timer due."""
+
+    us: int
+
+
+Op = Configure | Hear | Wait
+
+ops = st.lists(
+    st.one_of(
+        st.builds(
+            Configure,
+            owners=st.tuples(*[st.sampled_from((0, *VRIDS)) for _ in POOL]),
+            priorities=st.tuples(*[st.integers(1, 254) for _ in VRIDS]),
+        ),
+        st.builds(Hear, vrid=st.sampled_from(VRIDS), priority=st.integers(0, 255)),
+        st.builds(Wait, us=st.integers(0, 1_000_000)),
+    ),
+    max_size=40,
+)
+
+
+def configure(op: Configure) -> SpeakerConfig:
+    return speaker_config(
+        *[
+            instance(*held, vrid=vrid, priority=op.priorities[vrid - 1])
+            for vrid in VRIDS
+            if (held := tuple(a for a, owner in zip(POOL, op.owners, strict=True) if owner == vrid))
+        ]
+    )
+
+
+def held_by_instances(speaker: Speaker) -> frozenset[IPAddress]:
+    runs = [*speaker.running.values(), *speaker.releasing.values()]
+    return interface_addresses(run.instance for run in runs)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(sequence=ops)
+def test_the_interface_always_carries_exactly_what_the_instances_hold(
+    tmp_path: Path, sequence: list[Op]
+) -> None:
+    with harness_on(tmp_path) as h:
+        removals = 0
+
+        def check(op: Op) -> None:
+            # Not even for a moment: nothing removed while stepping one event is held after it.
+            nonlocal removals
+            held = held_by_instances(h.speaker)
+            assert h.table.addresses == held, (op, h.table.addresses, held)
+            removed = set(h.table.removals[removals:])
+            assert not removed & held, f"{op}: removed {removed & held}, which is held"
+            removals = len(h.table.removals)
+
+        for op in sequence:
+            if isinstance(op, Configure):
+                h.speaker.apply(configure(op))
+            elif isinstance(op, Hear):
+                h.hear(op.priority, vrid=op.vrid)
+            else:
+                h.run_until(h.clock.now + op.us, after_each=functools.partial(check, op))
+            check(op)

@@ -8,7 +8,8 @@ the actions `step` returns: send an advert or one gratuitous round, (re)start a 
 remove addresses. Nothing here decides what the state machine decides: when a takeover
 happens, what a reconfigured Master announces, how long a resigned Master keeps its addresses,
 when the next round of a burst leaves. What the shell adds is bookkeeping over instances: it
-keeps resigned Masters in `releasing` until their release is over.
+keeps resigned Masters in `releasing` until their release is over, and an address given up is
+removed only when no instance holds it any more (`machine.interface_addresses`).
 
 Why a process of its own: the agent's Python process does CPU-heavy work (a full sync of 10k
 Services), and adverts must leave on time whatever it does (a late advert is a false failover
@@ -225,6 +226,8 @@ class Speaker:
         # Resigned Masters that still keep their addresses until a backup has taken over
         # (the state machine's release); no longer configured, so not in `running`.
         self.releasing: dict[tuple[int, int], Running] = {}
+        # Addresses instances gave up during the event at hand; see _settle_addresses.
+        self._unheld: set[IPAddress] = set()
         self._writer = StatusWriter(status_path, config.interface)
 
     # -- the loop -----------------------------------------------------------------------------
@@ -388,18 +391,23 @@ class Speaker:
         self.config = config
         now = self.clock()
         wanted = {i.key: i for i in config.instances}
-        for key in [k for k in self.running if k not in wanted]:
-            self._resign(self.running.pop(key), now)
-        for key, cfg in wanted.items():
-            run_or_none = self.running.get(key)
-            if run_or_none is None:
-                self._socket(cfg.family)
-                run = Running(config=cfg, instance=self._instance(cfg))
-                self.running[key] = run
-                self._step(run, vs.Startup(now))
-            else:
-                run_or_none.config = cfg
-                self._step(run_or_none, vs.Reconfigured(now, self._instance(cfg)))
+        try:
+            for key in [k for k in self.running if k not in wanted]:
+                self._resign(self.running.pop(key), now)
+            for key, cfg in wanted.items():
+                run_or_none = self.running.get(key)
+                if run_or_none is None:
+                    self._socket(cfg.family)
+                    run = Running(config=cfg, instance=self._instance(cfg))
+                    self.running[key] = run
+                    self._step(run, vs.Startup(now))
+                else:
+                    run_or_none.config = cfg
+                    self._step(run_or_none, vs.Reconfigured(now, self._instance(cfg)))
+        finally:
+            # Once for the whole update: an address moving from one instance to another
+            # (both Master) is added by one and given up by the other, in either order.
+            self._settle_addresses()
         self._status_dirty = True
         if not initial:
             log.info("configuration applied", extra={"instances": len(self.running)})
@@ -429,6 +437,9 @@ class Speaker:
         """
         self._step(run, vs.Resign(now))
         if run.instance.release_at is not None:
+            earlier = self.releasing.get(run.config.key)
+            if earlier is not None:  # resigned twice: the new release replaces the old one
+                self._unheld.update(earlier.instance.holding)
             self.releasing[run.config.key] = run
 
     # -- the state machine and its actions ----------------------------------------------------
@@ -490,10 +501,7 @@ class Speaker:
                     self._error(f"add {address}: {exc}")
             self._status_dirty = True
         elif isinstance(action, vs.RemoveAddresses):
-            keep: frozenset[IPAddress] = frozenset()
-            if self.releasing.get(key) is run:  # a running Master may hold them again
-                keep = vs.interface_addresses(r.instance for r in self.running.values())
-            self._remove_addresses([a for a in action.addresses if a not in keep])
+            self._unheld.update(action.addresses)  # see _settle_addresses
         elif isinstance(action, vs.SendGratuitous):
             return self._gratuitous_round(action.addresses)
         elif isinstance(action, vs.StartGratuitousTimer):
@@ -501,6 +509,23 @@ class Speaker:
         elif isinstance(action, vs.StartReleaseTimer):
             self._push(action.at, TimerKind.RELEASE, key)
         return None
+
+    def _settle_addresses(self) -> None:
+        """Remove the addresses instances gave up that no instance, running or releasing, holds.
+
+        So the interface carries exactly `machine.interface_addresses` of every instance. Called
+        once the event at hand has been stepped everywhere it goes (a whole
+        configuration update, a packet, a timer), so that no address some instance holds is
+        removed even for a moment, whatever the order the instances were stepped in.
+        """
+        if not self._unheld:
+            return
+        held = vs.interface_addresses(
+            r.instance for r in (*self.running.values(), *self.releasing.values())
+        )
+        gone = sorted(self._unheld - held, key=lambda a: (a.version, int(a)))
+        self._unheld.clear()
+        self._remove_addresses(gone)
 
     def _remove_addresses(self, addresses: tuple[IPAddress, ...] | list[IPAddress]) -> None:
         for address in addresses:
@@ -586,6 +611,7 @@ class Speaker:
                     self._step(resigned, vs.ReleaseTimerFired(self.clock()))
                     if resigned.instance.release_at is None:
                         del self.releasing[key]
+                    self._settle_addresses()
                 continue
             run = self.running.get(key)
             if run is None:
@@ -602,6 +628,7 @@ class Speaker:
                 self._step(run, vs.MasterDownTimerFired(now))
             elif kind is TimerKind.GRATUITOUS and run.instance.gratuitous_at == at:
                 self._step(run, vs.GratuitousTimerFired(now))
+            self._settle_addresses()
 
     # -- receiving ----------------------------------------------------------------------------
 
@@ -653,13 +680,13 @@ class Speaker:
         if resigned is not None:  # its successor's first advert sets the release deadline
             self._step(resigned, event)
         run = self.running.get(key)
-        if run is None:
-            if resigned is None:
-                self._drop(family, DropReason.UNKNOWN_VRID)
-            return
-        run.adverts_received += 1
-        self._status_dirty = True
-        self._step(run, event)
+        if run is not None:
+            run.adverts_received += 1
+            self._status_dirty = True
+            self._step(run, event)
+        elif resigned is None:
+            self._drop(family, DropReason.UNKNOWN_VRID)
+        self._settle_addresses()
 
     # -- status -------------------------------------------------------------------------------
 
