@@ -23,9 +23,9 @@ import pytest
 
 from agent.announce.ownership import startup_delay_cs
 from agent.announce.vrrp.config import InstanceConfig, SpeakerConfig, to_json
-from agent.announce.vrrp.control import SpeakerStatus, read_status
+from agent.announce.vrrp.control import SpeakerStatus
 from agent.announce.vrrp.machine import master_down_interval, skew_time
-from agent.announce.vrrp.process import SpeakerProcess
+from agent.announce.vrrp.process import SpeakerProcess, read_status
 from agent.model.net import IPAddress
 from bench.failover import CLIENT_LOOP, answering, replies
 from lab import netns

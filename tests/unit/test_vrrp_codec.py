@@ -7,14 +7,10 @@ interop facts stay tested without root.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import struct
-import subprocess
-import sys
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -351,43 +347,3 @@ def test_decode_of_random_advert_shaped_bytes_raises_only_its_own_error(
     src, dst = (RFC_SRC, GROUP4) if family == 4 else (KEEPALIVED_SRC6, GROUP6)
     with contextlib.suppress(VrrpDecodeError):  # anything else fails the test
         decode(packet, src=src, dst=dst, family=family, checksum_mode=mode)
-
-
-# -- purity -----------------------------------------------------------------------------------
-
-PURE_MODULES = (
-    "agent.announce",
-    "agent.announce.vrrp.codec",
-    "agent.announce.vrrp.machine",
-    "agent.announce.vrrp.control",
-)
-FORBIDDEN = {"socket", "asyncio", "time", "select", "selectors", "threading", "subprocess"}
-
-
-def test_the_pure_vrrp_modules_import_no_io_directly_or_transitively() -> None:
-    root = Path(__file__).resolve().parents[2]
-    for name in PURE_MODULES:
-        path = root / (
-            name.replace(".", "/") + ("/__init__.py" if name == "agent.announce" else ".py")
-        )
-        tree = ast.parse(path.read_text())
-        direct = {
-            alias.name.split(".")[0]
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Import)
-            for alias in node.names
-        } | {
-            (node.module or "").split(".")[0]
-            for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom)
-        }
-        assert not direct & FORBIDDEN, f"{name} imports {direct & FORBIDDEN}"
-    probe = (
-        "import sys; before = set(sys.modules); "
-        + "; ".join(f"import {m}" for m in PURE_MODULES)
-        + "; print(' '.join(sorted(set(sys.modules) - before)))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True
-    ).stdout.split()
-    assert not set(out) & FORBIDDEN, f"importing the pure modules loads {set(out) & FORBIDDEN}"

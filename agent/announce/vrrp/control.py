@@ -3,8 +3,9 @@
 The agent (process.SpeakerProcess) writes commands as JSON lines to the speaker's stdin and
 reads the status snapshot the speaker rewrites atomically in a file (speaker.Speaker.status).
 This module is both sides' encoding: `encode_command` / `decode_command` for the commands
-(`Configure`, `Stop`), and the snapshot's schema and parser (`parse_status`, `read_status`).
-Nothing here touches a socket, a clock or a process; `read_status` only reads a file.
+(`Configure`, `Stop`), and the snapshot's schema and parser (`parse_status`; the supervisor
+reads the file, process.read_status). Nothing here touches a socket, a clock, a file or a
+process.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import ipaddress
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from agent.announce.vrrp.config import SpeakerConfig, from_json, to_json
@@ -183,12 +183,3 @@ def parse_status(raw: dict[str, Any]) -> SpeakerStatus:
         ),
         errors=tuple(str(e) for e in raw["errors"]),
     )
-
-
-def read_status(path: Path) -> SpeakerStatus | None:
-    """Return the snapshot in `path`, None when the speaker has not written one yet."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    return parse_status(json.loads(text))

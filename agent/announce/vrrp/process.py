@@ -37,10 +37,19 @@ from agent.announce.vrrp.control import (
     SpeakerStatus,
     Stop,
     encode_command,
-    read_status,
+    parse_status,
 )
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def read_status(path: Path) -> SpeakerStatus | None:
+    """Return the snapshot in `path`, None when the speaker has not written one yet."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    return parse_status(json.loads(text))
 
 
 class SpeakerProcess:
