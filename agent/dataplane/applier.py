@@ -102,7 +102,7 @@ class SyncResult:
 
 
 class TableReader(Protocol):
-    """Reads the nodelb table back without libnftables (agent/nft_dump.NetlinkTableReader)."""
+    """Reads the nodelb table back without libnftables (agent/dataplane/netlink_dump.NetlinkTableReader)."""
 
     def snapshot(self) -> Snapshot:
         """Return the table's content (rules.readback.Snapshot). Raises NftError."""
@@ -298,7 +298,7 @@ class Dataplane:
 
     def _send_split(self, split: FullSplit, desired: DesiredState) -> None:
         """Apply a full in-place transaction as structure (libnftables), every element
-        (one netlink batch), then cleanup (libnftables): see nftnl.split_full.
+        (one netlink batch), then cleanup (libnftables): see rules.netlink.split_full.
 
         libnftables parses a 100k-element transaction into ~250 MB of heap; the elements as
         one netlink batch cost a few MB. If the element batch is refused, the structure is
