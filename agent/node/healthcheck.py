@@ -1,4 +1,4 @@
-"""The healthCheckNodePort answer for externalTrafficPolicy=Local Services, as kube-proxy gives it.
+"""The healthCheckNodePort listeners for externalTrafficPolicy=Local Services, as kube-proxy's.
 
 An external load balancer (or a router doing ECMP) probes `http://<node>:<healthCheckNodePort>/`
 to learn whether a node has a local ready endpoint of the Service: 200 with the count when it
@@ -6,68 +6,21 @@ does, 503 when it has none, so traffic is only sent where it will not be dropped
 serves these ports wherever it runs, so nodelb's answer is off by default
 (`healthCheckNodePorts: true` turns it on, for clusters without kube-proxy).
 
-`local_endpoints` and `answers` are pure; `HealthCheckServers` opens one HTTP listener per port
-and swaps the answers in place, so a change of endpoint counts costs no socket work.
+The answers themselves are computed by agent/node/health_answers.py (pure); `HealthCheckServers`
+opens one HTTP listener per port and swaps the answers in place, so a change of endpoint counts
+costs no socket work.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import orjson
-
-from agent.model.endpoint_slice import Slice
-from agent.model.service import Service
+from agent.node.health_answers import HealthAnswer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class HealthAnswer:
-    """What one health check port says: the Service and its ready endpoints on this node."""
-
-    namespace: str
-    name: str
-    local_endpoints: int
-
-    @property
-    def status(self) -> int:
-        """Return 200 when this node has a local ready endpoint, else 503."""
-        return 200 if self.local_endpoints > 0 else 503
-
-    def body(self) -> bytes:
-        """Return kube-proxy's JSON body for this answer."""
-        return orjson.dumps(
-            {
-                "service": {"namespace": self.namespace, "name": self.name},
-                "localEndpoints": self.local_endpoints,
-                "serviceProxyHealthy": True,
-            }
-        )
-
-
-def local_endpoints(slices: Iterable[Slice], node: str) -> int:
-    """Return the distinct ready endpoint addresses of these slices that live on `node`."""
-    return len({ep.ip for s in slices for ep in s.endpoints if ep.ready and ep.node_name == node})
-
-
-def answer_for(service: Service, slices: Iterable[Slice], node: str) -> HealthAnswer | None:
-    """Return the answer for `service`'s health check port, None when it has none."""
-    if service.health_check_node_port is None:
-        return None
-    return HealthAnswer(service.namespace, service.name, local_endpoints(slices, node))
-
-
-def answers_by_port(by_service: Mapping[str, tuple[int, HealthAnswer]]) -> dict[int, HealthAnswer]:
-    """Return the answer per port; two Services on one port (the API forbids it): first key."""
-    out: dict[int, HealthAnswer] = {}
-    for _, (port, answer) in sorted(by_service.items()):
-        out.setdefault(port, answer)
-    return out
 
 
 class HealthCheckServers:

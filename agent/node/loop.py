@@ -38,7 +38,7 @@ from agent.node import metrics
 from agent.node.allocated_ips import IPOwners
 from agent.node.assembly import FrontendIndex
 from agent.node.cache import ClusterCache, new_stores
-from agent.node.healthcheck import HealthAnswer, answer_for, answers_by_port
+from agent.node.health_answers import HealthAnswer, answer_for, answers_by_port
 from agent.node.schedule import SyncSchedule
 from agent.node.service_frontends import (
     NodeView,

@@ -12,12 +12,8 @@ import urllib3
 from agent.config import AgentConfig, SyncTiming
 from agent.kube.events import ListSink
 from agent.model.endpoint_slice import AddressType, Slice, SliceEndpoint
-from agent.node.healthcheck import (
-    HealthAnswer,
-    HealthCheckServers,
-    answers_by_port,
-    local_endpoints,
-)
+from agent.node.health_answers import HealthAnswer, answers_by_port, local_endpoints
+from agent.node.healthcheck import HealthCheckServers
 from agent.node.loop import Agent, ListFns
 from tests.unit.test_node_loop import Clock, FakeDataplane, unused
 
