@@ -74,10 +74,6 @@ class ServiceResult:
     problems: tuple[Problem, ...] = ()
 
 
-def _family(ip: IPAddress) -> IPFamily:
-    return IPFamily.IPV4 if ip.version == 4 else IPFamily.IPV6
-
-
 def _targets(endpoints: Sequence[ServiceEndpoint]) -> tuple[Endpoint, ...]:
     return tuple(sorted({ep.target for ep in endpoints}))
 
@@ -133,7 +129,7 @@ def service_frontends(
                 )
             )
         for ip, is_lb in targets:
-            endpoints = merged.get(PortKey(_family(ip), port.name, port.protocol), ())
+            endpoints = merged.get(PortKey(IPFamily.of(ip), port.name, port.protocol), ())
             sel = select(
                 endpoints, node_name=node.name, node_zone=node.zone, local_policy=svc.local_policy
             )

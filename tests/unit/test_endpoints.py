@@ -246,6 +246,7 @@ def test_service_endpoint_carries_hints_and_target() -> None:
         hints_for_zones=frozenset(),
     )
     (merged,) = merge_slices([slc("a", (HTTP_8080,), (endpoint,))])[PortKey(V4, "http", TCP)]
+    assert merged.endpoint is endpoint, "the slice's record is carried, not copied"
     assert merged.target == Endpoint(ip("10.0.0.1"), 8080)
     assert (merged.node_name, merged.zone) == ("n1", "z1")
     assert merged.hints_for_nodes == frozenset({"n1"})
