@@ -20,8 +20,7 @@ from typing import Any, Protocol, cast
 
 from kubernetes import client
 
-from agent.announce.inputs import OwnershipInput, ip_use, local_nodes, node_states
-from agent.announce.ownership import IPUse, ServiceUse
+from agent.announce.inputs import OwnershipIndex, OwnershipInput, ownership_view
 from agent.config import AgentConfig
 from agent.kube import metrics as kube_metrics
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
@@ -66,22 +65,6 @@ class DataplaneLike(Protocol):
     ) -> Any: ...
 
     def check_drift(self) -> bool: ...
-
-
-@dataclass(frozen=True, slots=True)
-class OwnershipView:
-    """What of one Service the ownership plan depends on: its LoadBalancer IPs, its policy,
-    and (Local policy) the nodes with a ready endpoint of each family."""
-
-    lb_ips: tuple[IPAddress, ...]
-    local: bool
-    nodes4: frozenset[str] = frozenset()
-    nodes6: frozenset[str] = frozenset()
-
-    def use(self, key: str, version: int) -> ServiceUse:
-        """Return the Service's use of an IP of IP version `version`."""
-        nodes = (self.nodes4 if version == 4 else self.nodes6) if self.local else frozenset()
-        return ServiceUse(key, self.local, nodes)
 
 
 class AnnouncerLike(Protocol):
@@ -169,11 +152,7 @@ class Agent:
         self._all_dirty = True
         self._retry_at = 0.0
         self._owners = IPOwners()  # our LoadBalancer IPs by Service, for externalIP checks
-        # What the last ownership input was built from (see _submit_ownership).
-        self._ownership_nodes: tuple[Node, ...] | None = None
-        self._ownership_views: dict[str, OwnershipView] = {}
-        self._ip_users: dict[IPAddress, dict[str, ServiceUse]] = {}  # by IP, by Service key
-        self._ip_uses: dict[IPAddress, IPUse] = {}  # kept until an IP's users change
+        self._ownership = OwnershipIndex()  # the ownership plan's input, per Service
         self._programmed_ips: frozenset[IPAddress] = frozenset()  # of the last recompute
         self._cond = threading.Condition()
         self._gate = EventGate()
@@ -478,57 +457,21 @@ class Agent:
         metrics.SERVICES_HANDLED.set(len(results))
         return assembly.desired, set(problems), (None if everything else changed)
 
-    def _ownership_view(self, key: str) -> OwnershipView | None:
-        """Return what of Service `key` the ownership plan depends on (None: nothing)."""
-        result = self._index.results.get(key)
-        svc = self._cache.services.get(key)
-        if result is None or not result.lb_ips or not isinstance(svc, Service):
-            return None
-        if not svc.local_policy:
-            return OwnershipView(result.lb_ips, False)
-        slices = self._cache.slices_of(key)
-        return OwnershipView(result.lb_ips, True, local_nodes(slices, 4), local_nodes(slices, 6))
-
     def _submit_ownership(self, dirty: set[str]) -> None:
-        """Hand the announcer what ownership is planned from (lock held; it plans elsewhere).
-
-        Only when something the plan depends on moved, and only the IPs whose Services moved
-        are rebuilt: building the whole input cost O(Services) per change (~140 ms at 10k),
-        and most changes (an endpoint replaced in a Cluster-policy Service, a Local one
-        keeping its nodes) leave every IP's eligible nodes as they were.
-        """
+        """Hand the announcer what ownership is planned from, when it moved (lock held; it
+        plans elsewhere)."""
         assert self._announcer is not None
-        nodes = tuple(sorted(self._cache.nodes.values(), key=lambda n: n.name))
-        moved = nodes != self._ownership_nodes
-        touched: set[IPAddress] = set()
-        for key in dirty:
-            view = self._ownership_view(key)
-            old = self._ownership_views.get(key)
-            if view == old:
-                continue
-            moved = True
-            for ip in old.lb_ips if old is not None else ():
-                self._ip_users[ip].pop(key, None)
-                touched.add(ip)
-            if view is None:
-                del self._ownership_views[key]
-                continue
-            self._ownership_views[key] = view
-            for ip in view.lb_ips:
-                self._ip_users.setdefault(ip, {})[key] = view.use(key, ip.version)
-                touched.add(ip)
-        if not moved:
-            return
-        for ip in touched:
-            users = self._ip_users.get(ip)
-            if users:
-                self._ip_uses[ip] = ip_use(ip, users.values())
-            else:
-                self._ip_users.pop(ip, None)
-                self._ip_uses.pop(ip, None)
-        self._ownership_nodes = nodes
-        inp = OwnershipInput(node_states(nodes), frozenset(self._ip_uses.values()))
-        self._announcer.submit(inp, nodes)
+        views = {
+            key: ownership_view(
+                self._cache.services.get(key),
+                r.lb_ips if (r := self._index.results.get(key)) is not None else (),
+                self._cache.slices_of(key),
+            )
+            for key in dirty
+        }
+        inp = self._ownership.update(views, self._cache.nodes.values())
+        if inp is not None:
+            self._announcer.submit(inp, self._ownership.nodes)
 
     def status_document(self, vrrp: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
         """Return what `GET /status` answers (`nodelb status`): see agent.node.status_document."""

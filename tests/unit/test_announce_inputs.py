@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import dataclass, field
 
 import pytest
 
-from agent.announce.inputs import ip_uses, node_states, peer_sources, speaker_config
-from agent.announce.ownership import OwnershipConfig, plan, rank_nodes
+from agent.announce.inputs import (
+    OwnershipIndex,
+    OwnershipInput,
+    OwnershipView,
+    ip_use,
+    ip_uses,
+    node_states,
+    ownership_view,
+    peer_sources,
+    speaker_config,
+)
+from agent.announce.ownership import IPUse, OwnershipConfig, plan, rank_nodes
 from agent.announce.settings import AnnounceConfigError, parse_announce
 from agent.kube.node_report import parse_sources
 from agent.model.endpoint_slice import AddressType, Slice, SliceEndpoint
+from agent.model.net import IPAddress
 from agent.model.node import Node
-from agent.model.service import parse_service
+from agent.model.service import InvalidService, parse_service
 
 IP = ipaddress.ip_address
 
@@ -137,3 +149,174 @@ def test_each_node_runs_a_new_instance_with_the_startup_delay_of_its_rank() -> N
         [inst] = cfg.instances
         delays[name] = (inst.priority, inst.startup_delay_cs)
     assert [delays[n] for n in ranked] == [(254, 0), (253, 20), (252, 40)]
+
+
+# --- the incremental ownership input ---------------------------------------------------------
+
+IP1, IP2, IP3 = IP("198.19.0.1"), IP("198.19.0.2"), IP("2001:db8::3")
+NODES = (Node("n1", None, True, (), ()), Node("n2", None, True, (), ()))
+
+
+def cluster(*ips: IPAddress) -> OwnershipView:
+    return OwnershipView(ips, False)
+
+
+def local(*ips: IPAddress, v4: tuple[str, ...] = (), v6: tuple[str, ...] = ()) -> OwnershipView:
+    return OwnershipView(ips, True, frozenset(v4), frozenset(v6))
+
+
+def from_scratch(views: dict[str, OwnershipView], nodes: tuple[Node, ...]) -> OwnershipInput:
+    """The input every view gives when built at once (what the index must equal)."""
+    by_ip: dict[IPAddress, list[str]] = {}
+    for key, view in views.items():
+        for ip in view.lb_ips:
+            by_ip.setdefault(ip, []).append(key)
+    return OwnershipInput(
+        node_states(nodes),
+        frozenset(
+            ip_use(ip, [views[k].use(k, ip.version) for k in keys]) for ip, keys in by_ip.items()
+        ),
+    )
+
+
+def records(inp: OwnershipInput) -> dict[IPAddress, IPUse]:
+    return {u.ip: u for u in inp.ips}
+
+
+@dataclass(frozen=True)
+class IndexCase:
+    before: dict[str, OwnershipView]  # recorded first, with NODES
+    views: dict[str, OwnershipView | None]  # then this update
+    moved: bool  # the update returns a new input
+    rebuilt: frozenset[IPAddress] = frozenset()  # IP records built anew (others are reused)
+    nodes: tuple[Node, ...] = NODES
+    after: dict[str, OwnershipView] = field(default_factory=dict)  # every view recorded then
+
+
+INDEX_CASES = [
+    pytest.param(
+        IndexCase(
+            before={"a": cluster(IP1), "b": local(IP2, v4=("n1",))},
+            views={"a": cluster(IP1), "b": local(IP2, v4=("n1",))},
+            moved=False,
+        ),
+        id="Services recomputed to the views they had move nothing and no input is built",
+    ),
+    pytest.param(
+        IndexCase(before={"a": cluster(IP1)}, views={"c": None}, moved=False),
+        id="a Service that used no planned IP and still uses none moves nothing",
+    ),
+    pytest.param(
+        IndexCase(
+            before={"a": local(IP1, v4=("n1",)), "b": cluster(IP2)},
+            views={"a": local(IP1, v4=("n1", "n2"))},
+            moved=True,
+            rebuilt=frozenset({IP1}),
+            after={"a": local(IP1, v4=("n1", "n2")), "b": cluster(IP2)},
+        ),
+        id="a Local Service gaining an eligible node rebuilds its own IP's record only",
+    ),
+    pytest.param(
+        IndexCase(
+            before={"a": local(IP1, IP3, v4=("n1",), v6=("n2",))},
+            views={"a": local(IP1, IP3, v4=("n1",), v6=("n1",))},
+            moved=True,
+            rebuilt=frozenset({IP1, IP3}),
+            after={"a": local(IP1, IP3, v4=("n1",), v6=("n1",))},
+        ),
+        id="a dual-stack Local Service's IPs are rebuilt together, each with its family's nodes",
+    ),
+    pytest.param(
+        IndexCase(
+            before={"a": cluster(IP1), "b": cluster(IP3)},
+            views={"a": cluster(IP2)},
+            moved=True,
+            rebuilt=frozenset({IP2}),
+            after={"a": cluster(IP2), "b": cluster(IP3)},
+        ),
+        id="a Service moving to another IP adds the new record and drops the unused old one",
+    ),
+    pytest.param(
+        IndexCase(
+            before={"a": cluster(IP1), "b": local(IP1, v4=("n2",))},
+            views={"a": None},
+            moved=True,
+            rebuilt=frozenset({IP1}),
+            after={"b": local(IP1, v4=("n2",))},
+        ),
+        id="a Service leaving a shared IP rebuilds that IP with the Service that stays",
+    ),
+    pytest.param(
+        IndexCase(
+            before={"a": cluster(IP1)},
+            views={"a": local(IP1)},
+            moved=True,
+            rebuilt=frozenset({IP1}),
+            after={"a": local(IP1)},
+        ),
+        id="a Service turning to Local policy with no ready endpoint rebuilds its IP",
+    ),
+    pytest.param(
+        IndexCase(
+            before={"a": cluster(IP1), "b": local(IP2, v4=("n1",))},
+            views={},
+            nodes=(NODES[0], Node("n2", None, False, (), ())),
+            moved=True,
+            after={"a": cluster(IP1), "b": local(IP2, v4=("n1",))},
+        ),
+        id="another Node's readiness alone gives a new input that reuses every IP record",
+    ),
+    pytest.param(
+        IndexCase(
+            before={"a": cluster(IP1)},
+            views={},
+            nodes=(*NODES, Node("n3", None, True, (), ())),
+            moved=True,
+            after={"a": cluster(IP1)},
+        ),
+        id="a Node joining gives a new input although no Service changed",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", INDEX_CASES)
+def test_the_ownership_index_rebuilds_only_the_ips_whose_services_moved(case: IndexCase) -> None:
+    index = OwnershipIndex()
+    first = index.update(case.before, reversed(NODES))
+    assert first == from_scratch(case.before, NODES)
+    got = index.update(case.views, case.nodes)
+    assert (got is not None) == case.moved
+    if got is None:
+        return
+    assert got == from_scratch(case.after, case.nodes)
+    assert index.nodes == tuple(sorted(case.nodes, key=lambda n: n.name))
+    old, new = records(first), records(got)
+    rebuilt = {ip for ip, rec in new.items() if old.get(ip) is not rec}
+    assert rebuilt == case.rebuilt
+
+
+def test_the_first_update_builds_an_input_even_with_nothing_to_place() -> None:
+    index = OwnershipIndex()
+    assert index.update({}, ()) == OwnershipInput(frozenset(), frozenset())
+    assert index.update({}, ()) is None
+
+
+def test_a_service_s_ownership_view_reads_slices_only_for_local_policy() -> None:
+    web, loc = service("web", "198.19.0.1"), service("loc", "198.19.0.1", local=True)
+    slices = [
+        Slice(
+            "ns",
+            "loc-1",
+            "loc",
+            AddressType.IPV4,
+            endpoints=(
+                SliceEndpoint(ip=IP("198.19.1.5"), node_name="n1"),
+                SliceEndpoint(ip=IP("198.19.1.6"), node_name="n2", ready=False),
+            ),
+        )
+    ]
+    assert ownership_view(web, (IP1,), slices) == cluster(IP1)  # type: ignore[arg-type]
+    assert ownership_view(loc, (IP1,), slices) == local(IP1, v4=("n1",))  # type: ignore[arg-type]
+    assert ownership_view(loc, (), slices) is None  # type: ignore[arg-type]
+    assert ownership_view(None, (IP1,), slices) is None
+    assert ownership_view(InvalidService("ns/x", "u", "bad"), (IP1,), slices) is None
