@@ -150,7 +150,6 @@ class Agent:
         self._index = FrontendIndex()  # every Service's result, joined incrementally
         self._dirty: set[str] = set()
         self._all_dirty = True
-        self._retry_at = 0.0
         self._owners = IPOwners()  # our LoadBalancer IPs by Service, for externalIP checks
         self._ownership = OwnershipIndex()  # the ownership plan's input, per Service
         self._programmed_ips: frozenset[IPAddress] = frozenset()  # of the last recompute
@@ -301,8 +300,7 @@ class Agent:
         with self._cond:
             while not stop.is_set():
                 now = self._clock()
-                sweeping = self._sweep is not None
-                due = max(self._schedule.next_wakeup(sweeping=sweeping), self._retry_at)
+                due = self._schedule.next_wakeup(sweeping=self._sweep is not None)
                 if due <= now:
                     return
                 self._cond.wait(timeout=min(due - now, 1.0))
@@ -311,38 +309,31 @@ class Agent:
         """Recompute what changed (and a batch of a periodic resync in progress), sync the
         dataplane, report problems, check drift."""
         now = self._clock()
-        first = not self.status.first_sync_done
         with self._cond:
-            if not first and self._sweep is None and now >= self._schedule.full_due():
+            plan = self._schedule.step(
+                now, everything=self._all_dirty, sweeping=self._sweep is not None
+            )
+            if plan.start_sweep:
                 self._sweep = deque(set(self._cache.services) | set(self._index.results))
                 log.info("periodic resync started", extra={"services": len(self._sweep)})
-            sync_pending = self._schedule.sync_due() is not None
-            # A pending change goes alone when the step before ran a resync batch: it would
-            # otherwise wait for that batch and for the next one too. The next step takes a
-            # batch again whatever is pending, so steady churn cannot stall the resync.
-            sweep_now = (
-                self._sweep is not None
-                and now >= self._schedule.sweep_due()
-                and not (sync_pending and self._schedule.batch_ran_last())
-            )
-            if not (first or sync_pending or self._all_dirty or sweep_now):
+            if not plan.recompute:
                 desired = None
             else:
-                verify = self._sweep_batch() if sweep_now else set()
+                verify = self._sweep_batch() if plan.batch else set()
                 desired, touched, changed = self._recompute(
-                    everything=first or self._all_dirty, verify=verify
+                    everything=plan.full or self._all_dirty, verify=verify
                 )
                 if self._sweep is not None and not self._sweep:
                     self._sweep = None
                     self._schedule = self._schedule.resynced(now)
                     self._freeze_due = True
         if desired is not None:
-            self._sync(desired, touched, changed, full=first, now=now)
+            self._sync(desired, touched, changed, full=plan.full, now=now)
             self._serve_health()
-            if sweep_now:
+            if plan.batch:
                 with self._cond:
                     self._schedule = self._schedule.batch_done(self._clock())
-        if now >= self._schedule.drift_due() and self.status.first_sync_done:
+        if self._schedule.drift_check_due(now):
             with self._cond:
                 self._schedule = self._schedule.drift_checked(now)
             self._start_drift_check()
@@ -520,7 +511,6 @@ class Agent:
         full: bool,
         now: float,
     ) -> None:
-        full = full or not self.status.first_sync_done
         started = time.monotonic()
         try:
             result = self._dataplane.sync(desired, full=full, changed=changed)
@@ -541,9 +531,8 @@ class Agent:
                 # Changes that arrived during the sync are still pending.
                 if self._dirty or self._all_dirty:
                     self._schedule = self._schedule.changed(self._clock())
-                self._retry_at = 0.0
             else:
-                self._retry_at = now + retry_after
+                self._schedule = self._schedule.failed(now, retry_after)
                 self._all_dirty = True
         if ok:
             self._last_desired = desired

@@ -6,7 +6,8 @@ change that arrives sooner waits until `min_interval` after the last sync, and e
 that arrived meanwhile rides along in that one sync. So a burst (a rollout touching many
 EndpointSlices) costs one sync per interval, and no change waits longer than `min_interval`
 plus the sync in progress. Periodic full resyncs and drift checks are due on their own
-clocks. Time is passed in; nothing here reads a clock.
+clocks, and a failed sync is retried after its backoff. `SyncSchedule.step` says what one turn
+of the loop does. Time is passed in; nothing here reads a clock.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class SyncSchedule:
     last_full: float | None = None
     last_drift_check: float | None = None
     last_batch_end: float | None = None  # when the last periodic-resync batch's sync ended
+    retry_at: float = 0.0  # a failed sync is not retried before this
 
     def changed(self, now: float) -> SyncSchedule:
         """Return the schedule after a change observed at `now`."""
@@ -40,7 +42,13 @@ class SyncSchedule:
             first_pending=None,
             last_sync=now,
             last_full=now if full else self.last_full,
+            retry_at=0.0,
         )
+
+    def failed(self, now: float, retry_after: float) -> SyncSchedule:
+        """Return the schedule after a sync at `now` failed: what was pending stays pending,
+        and nothing is due before `retry_after` seconds have passed."""
+        return replace(self, retry_at=now + retry_after)
 
     def resynced(self, now: float) -> SyncSchedule:
         """Return the schedule after a periodic resync finished at `now`."""
@@ -88,10 +96,53 @@ class SyncSchedule:
         base = self.last_drift_check if self.last_drift_check is not None else self.last_full
         return (base or 0.0) + self.drift_check_period
 
+    def drift_check_due(self, now: float) -> bool:
+        """Return True when a drift check is due at `now` (never before the first full sync:
+        there is no table of ours to read back yet)."""
+        return self.last_full is not None and now >= self.drift_due()
+
+    def step(self, now: float, *, everything: bool, sweeping: bool) -> Step:
+        """Return what a turn of the loop at `now` does.
+
+        `everything`: every Service must be recomputed (a sync failed); `sweeping`: a periodic
+        resync is in progress. The first step (no sync succeeded yet) is a full sync. A
+        periodic resync starts once due, after the first sync; while it runs, a batch is due
+        `min_interval` after the last one ended (see sweep_due), except that a change pending
+        right after a batch goes alone: it would otherwise wait for that batch and the next
+        one too. The turn after takes a batch again whatever is pending, so steady churn
+        cannot stall the resync. Pending changes are recomputed whenever the loop turns; the
+        loop turns when `next_wakeup` says.
+        """
+        full = self.last_sync is None
+        start = not full and not sweeping and now >= self.full_due()
+        pending = self.sync_due() is not None
+        batch = (
+            (sweeping or start)
+            and now >= self.sweep_due()
+            and not (pending and self.batch_ran_last())
+        )
+        return Step(
+            full=full,
+            start_sweep=start,
+            batch=batch,
+            recompute=full or pending or everything or batch,
+        )
+
     def next_wakeup(self, *, sweeping: bool = False) -> float:
         """Return the earliest time anything is due (`sweeping`: a periodic resync is in
-        progress, so its next batch is due instead of the next resync)."""
+        progress, so its next batch is due instead of the next resync), and never before a
+        failed sync's retry time."""
         due = [self.sweep_due() if sweeping else self.full_due(), self.drift_due()]
         if (s := self.sync_due()) is not None:
             due.append(s)
-        return min(due)
+        return max(min(due), self.retry_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What one turn of the agent loop does (see SyncSchedule.step)."""
+
+    full: bool  # no sync succeeded yet: recompute everything, send a full transaction
+    start_sweep: bool  # a periodic resync starts: every Service is queued to be checked
+    batch: bool  # the periodic resync recomputes its next batch of Services
+    recompute: bool  # Services are recomputed and the dataplane synced

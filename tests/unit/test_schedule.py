@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from agent.node.schedule import SyncSchedule
+from dataclasses import dataclass
+
+import pytest
+
+from agent.node.schedule import Step, SyncSchedule
 
 
 def schedule() -> SyncSchedule:
@@ -65,3 +69,135 @@ def test_a_resync_batch_waits_the_minimum_interval_after_the_last_batch_ended() 
     s = s.synced(10.5, full=False)
     assert s.sweep_due() == 10.5 + 0.1
     assert not s.batch_ran_last()
+
+
+def test_a_failed_sync_is_retried_after_its_backoff_and_a_good_sync_clears_it() -> None:
+    s = schedule().synced(10.0, full=True).changed(20.0).failed(20.0, 0.5)
+    assert s.sync_due() == 20.0, "what was pending stays pending"
+    assert s.next_wakeup() == 20.5
+    s = s.synced(20.6, full=False)
+    assert s.retry_at == 0.0
+    assert s.next_wakeup() == min(s.full_due(), s.drift_due())
+
+
+def test_no_drift_check_is_due_before_the_first_full_sync() -> None:
+    s = schedule()
+    assert not s.drift_check_due(10**6)
+    s = s.synced(100.0, full=True)
+    assert not s.drift_check_due(159.9)
+    assert s.drift_check_due(160.0)
+
+
+@dataclass(frozen=True)
+class StepCase:
+    schedule: SyncSchedule
+    now: float
+    want: Step
+    everything: bool = False
+    sweeping: bool = False
+
+
+SYNCED = schedule().synced(100.0, full=True)  # the first sync went out at 100.0
+RESYNC_DUE = 100.0 + 300
+SWEEPING = SYNCED.synced(RESYNC_DUE, full=False).batch_done(RESYNC_DUE + 0.05)
+
+STEP_CASES = [
+    pytest.param(
+        StepCase(schedule(), 5.0, Step(full=True, start_sweep=False, batch=False, recompute=True)),
+        id="before any sync succeeded the step is a full sync with nothing pending",
+    ),
+    pytest.param(
+        StepCase(
+            schedule().failed(5.0, 1.0).changed(5.5),
+            6.0,
+            Step(full=True, start_sweep=False, batch=False, recompute=True),
+        ),
+        id="a first sync that failed is full again, and no resync starts before it succeeds",
+    ),
+    pytest.param(
+        StepCase(SYNCED, 150.0, Step(full=False, start_sweep=False, batch=False, recompute=False)),
+        id="nothing pending and no resync due means the step does nothing",
+    ),
+    pytest.param(
+        StepCase(
+            SYNCED.changed(150.0),
+            150.0,
+            Step(full=False, start_sweep=False, batch=False, recompute=True),
+        ),
+        id="a pending change is recomputed and synced as a partial sync",
+    ),
+    pytest.param(
+        StepCase(
+            SYNCED.failed(150.0, 0.5),
+            151.0,
+            Step(full=False, start_sweep=False, batch=False, recompute=True),
+            everything=True,
+        ),
+        id="after a failed sync everything is recomputed though no change is pending",
+    ),
+    pytest.param(
+        StepCase(
+            SYNCED, RESYNC_DUE, Step(full=False, start_sweep=True, batch=True, recompute=True)
+        ),
+        id="a periodic resync falling due starts and runs its first batch in the same step",
+    ),
+    pytest.param(
+        StepCase(
+            SYNCED.changed(RESYNC_DUE),
+            RESYNC_DUE,
+            Step(full=False, start_sweep=True, batch=True, recompute=True),
+        ),
+        id="a change pending when the resync starts rides along with the first batch",
+    ),
+    pytest.param(
+        StepCase(
+            SWEEPING,
+            RESYNC_DUE + 0.2,
+            Step(full=False, start_sweep=False, batch=True, recompute=True),
+            sweeping=True,
+        ),
+        id="a resync in progress runs its next batch min_interval after the last one ended",
+    ),
+    pytest.param(
+        StepCase(
+            SWEEPING,
+            RESYNC_DUE + 0.12,
+            Step(full=False, start_sweep=False, batch=False, recompute=False),
+            sweeping=True,
+        ),
+        id="no batch runs sooner than min_interval after the last batch ended",
+    ),
+    pytest.param(
+        StepCase(
+            SWEEPING.changed(RESYNC_DUE + 0.1),
+            RESYNC_DUE + 0.2,
+            Step(full=False, start_sweep=False, batch=False, recompute=True),
+            sweeping=True,
+        ),
+        id="a change pending right after a batch goes alone without the next batch",
+    ),
+    pytest.param(
+        StepCase(
+            SWEEPING.synced(RESYNC_DUE + 0.15, full=False).changed(RESYNC_DUE + 0.2),
+            RESYNC_DUE + 0.3,
+            Step(full=False, start_sweep=False, batch=True, recompute=True),
+            sweeping=True,
+        ),
+        id="a change pending after a change-only sync rides with the next batch",
+    ),
+    pytest.param(
+        StepCase(
+            SWEEPING,
+            RESYNC_DUE + 400,
+            Step(full=False, start_sweep=False, batch=True, recompute=True),
+            sweeping=True,
+        ),
+        id="a resync still in progress when the next period passes is not started again",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", STEP_CASES)
+def test_what_a_turn_of_the_loop_does(case: StepCase) -> None:
+    got = case.schedule.step(case.now, everything=case.everything, sweeping=case.sweeping)
+    assert got == case.want
