@@ -31,46 +31,33 @@ from agent.dataplane.netlink_dump import NetlinkTableReader
 from agent.http_server import HealthServer
 from agent.kube.client import api_client
 from agent.kube.event_sender import KubeEventSink
-from agent.kube.events import ListSink
 from agent.kube.manifests import ManifestError, load_files
 from agent.kube.node_report import REPORT_LABEL, REPORT_LABEL_VALUE, SOURCES_ANNOTATION
 from agent.kube.node_reporter import NodeReporter
+from agent.node.cluster_state import ClusterState, Dirty, listed
 from agent.node.healthcheck import HealthCheckServers
-from agent.node.loop import Agent, ListFns, list_fns
+from agent.node.loop import Agent, list_fns
 from agent.node.status_document import desired_dict
 from rules.render import RenderError, render, render_cleanup
-
-
-def _no_api(**kwargs: Any) -> Any:
-    raise RuntimeError("render reads files only; it never calls the API")
-
-
-class _NoDataplane:
-    def sync(self, desired: Any, *, full: bool = False, changed: Any = None) -> Any:
-        raise RuntimeError("render never programs the kernel")
-
-    def check_drift(self) -> bool:
-        return False
 
 
 def cmd_render(args: argparse.Namespace) -> int:
     """Print the full transaction (or the desired state) the agent would apply on a node."""
     cfg = load_config(args.config, node_name=args.node)
     objects = load_files(args.file)
-    sink = ListSink()
-    agent = Agent(
-        cfg,
-        dataplane=_NoDataplane(),
-        events=sink,
-        lists=ListFns(_no_api, _no_api, _no_api),
+    # The agent's own core, fed as its reflectors would be, recomputing everything as its
+    # first sync does (no announcer: every programmed LoadBalancer IP is held when serveAllIPs).
+    state = ClusterState(cfg)
+    state.apply(
+        listed(
+            services=objects.get("Service", []),
+            slices=objects.get("EndpointSlice", []),
+            nodes=objects.get("Node", []),
+        )
     )
-    agent.ingest(
-        services=objects.get("Service", []),
-        slices=objects.get("EndpointSlice", []),
-        nodes=objects.get("Node", []),
-    )
-    desired = agent.compute()
-    for key, problems in sorted(agent.status.problems.items()):
+    outcome = state.recompute(Dirty(everything=True))
+    desired = outcome.desired
+    for key, problems in sorted(outcome.problems.items()):
         for p in problems:
             print(f"warning: {key}: {p.reason}: {p.message}", file=sys.stderr)
     if args.json:

@@ -520,8 +520,8 @@ def run_child(services: int, endpoints: int, changes: int, ns: str, traced: bool
         figs.structures = structure_sizes(
             [
                 ("reflector stores", stores),
-                ("cluster cache", agent._cache),
-                ("service results", agent._index.results),
+                ("cluster cache", agent._state.cache),
+                ("service results", agent._state.index.results),
                 ("desired state (last synced)", agent._last_desired),
                 ("dataplane mirror", dp.inner.mirror),
                 ("dataplane kernel objects", dp.inner._kernel),

@@ -8,6 +8,8 @@ built only from the changes they report, so it can live behind the agent's own l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from agent.kube.store import Change, Store
 from agent.model.endpoint_slice import BadSlice, Slice, parse_slice_or_error, slice_service_key
 from agent.model.node import Node, parse_node
@@ -42,7 +44,7 @@ class ClusterCache:
         """Return this node's record, or None before it is known."""
         return self.nodes.get(self.node_name)
 
-    def on_services(self, changes: list[Change[Service | InvalidService]]) -> set[str]:
+    def on_services(self, changes: Sequence[Change[Service | InvalidService]]) -> set[str]:
         """Record Service changes; return the Service keys to recompute."""
         for c in changes:
             if c.new is None:
@@ -51,7 +53,7 @@ class ClusterCache:
                 self.services[c.key] = c.new
         return {c.key for c in changes}
 
-    def on_slices(self, changes: list[Change[Slice | BadSlice]]) -> set[str]:
+    def on_slices(self, changes: Sequence[Change[Slice | BadSlice]]) -> set[str]:
         """Index slice changes by Service; return the Service keys to recompute."""
         dirty: set[str] = set()
         for c in changes:
@@ -67,7 +69,7 @@ class ClusterCache:
                 dirty.add(new_service)
         return dirty
 
-    def on_nodes(self, changes: list[Change[Node]]) -> bool:
+    def on_nodes(self, changes: Sequence[Change[Node]]) -> bool:
         """Record Node changes; return True when this node's changed (recompute everything)."""
         for c in changes:
             if c.new is None:

@@ -1,56 +1,50 @@
-"""The agent's main loop: reflectors feed the cache, changed Services are recomputed, and the
-dataplane is synced on the coalescing schedule.
+"""The agent's main loop: reflectors feed the node's ClusterState, and the dataplane is synced on
+the coalescing schedule.
 
-The imperative shell around agent/node/service_frontends.py: it owns the threads (one reflector per
-resource), the lock that protects the cache, the clock, and the calls into the dataplane and
-the Event sink. Decisions stay in the pure modules it calls.
+The imperative shell around agent/node/cluster_state.py (what this node must program) and
+agent/node/schedule.py (when): it owns the threads (one reflector per resource, the drift
+check), the lock that protects the state, the clock, and the calls into the dataplane, the
+announcer, the Event sink, the health check listeners and the metrics. It decides nothing.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from kubernetes import client
 
-from agent.announce.inputs import OwnershipIndex, OwnershipInput, ownership_view
+from agent.announce.inputs import OwnershipInput
 from agent.config import AgentConfig
 from agent.kube import metrics as kube_metrics
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
 from agent.kube.node_report import report_sources
 from agent.kube.reflector import ListFn, Reflector
-from agent.kube.store import Change, Store
+from agent.kube.store import Store
 from agent.model.desired_state import DesiredState, FrontendKey
-from agent.model.endpoint_slice import BadSlice, Slice
 from agent.model.net import IPAddress
 from agent.model.node import Node
-from agent.model.service import InvalidService, Service
-from agent.model.service_class import classify, is_ours
 from agent.node import metrics
-from agent.node.allocated_ips import IPOwners
-from agent.node.assembly import FrontendIndex
-from agent.node.cache import ClusterCache, new_stores
-from agent.node.health_answers import HealthAnswer, answer_for, answers_by_port
-from agent.node.schedule import SyncSchedule
-from agent.node.service_frontends import (
-    NodeView,
-    PolicyView,
-    Problem,
-    ProblemReason,
-    service_frontends,
+from agent.node.cache import new_stores
+from agent.node.cluster_state import (
+    SWEEP_BATCH,
+    Changes,
+    ClusterState,
+    Dirty,
+    Outcome,
+    ProblemReport,
 )
+from agent.node.health_answers import HealthAnswer
+from agent.node.schedule import SyncSchedule
+from agent.node.service_frontends import Problem
 from agent.node.status_document import status_document
 
 log = logging.getLogger(__name__)
-
-SWEEP_BATCH = 50  # Services a periodic resync recomputes per sync (see Agent._sweep_batch)
 
 
 class DataplaneLike(Protocol):
@@ -133,6 +127,7 @@ class Agent:
         on_health: Callable[[dict[int, HealthAnswer]], list[str]] | None = None,
         announcer: AnnouncerLike | None = None,
         freeze_heap: bool = False,
+        sweep_batch: int = SWEEP_BATCH,
     ) -> None:
         self.cfg = cfg
         self._dataplane = dataplane
@@ -144,15 +139,14 @@ class Agent:
         self._announcer = announcer
         self._freeze_heap = freeze_heap
         self._freeze_due = False  # a periodic resync finished: freeze after its last sync
-        self._health: dict[str, tuple[int, HealthAnswer]] = {}
-        self._health_served: dict[int, HealthAnswer] = {}
-        self._cache = ClusterCache(cfg.node_name)
-        self._index = FrontendIndex()  # every Service's result, joined incrementally
-        self._dirty: set[str] = set()
-        self._all_dirty = True
-        self._owners = IPOwners()  # our LoadBalancer IPs by Service, for externalIP checks
-        self._ownership = OwnershipIndex()  # the ownership plan's input, per Service
-        self._programmed_ips: frozenset[IPAddress] = frozenset()  # of the last recompute
+        self._state = ClusterState(
+            cfg,
+            announcing=announcer is not None,
+            health_checks=on_health is not None,
+            sweep_batch=sweep_batch,
+        )
+        self._dirty: set[str] = set()  # Services to recompute at the next step
+        self._everything = True  # the next step recomputes every Service
         self._cond = threading.Condition()
         self._gate = EventGate()
         s = cfg.sync
@@ -165,68 +159,25 @@ class Agent:
         self.ready = threading.Event()
         self._reflectors: list[Reflector[Any]] = []
         self._drift_thread: threading.Thread | None = None
-        self._sweep: deque[str] | None = None  # Services a periodic resync has yet to check
         self._last_desired: DesiredState | None = None
 
-    # --- change intake (reflector threads) -------------------------------------------------
+    # --- change intake (reflector and announcer threads) ------------------------------------
 
-    def _changed(self, keys: set[str], *, everything: bool = False) -> None:
+    def apply(self, changes: Changes) -> None:
+        """Record what a reflector (or the announcer) saw, and wake the loop (any thread)."""
         with self._cond:
-            self._dirty |= keys
-            self._all_dirty |= everything
-            self._schedule = self._schedule.changed(self._clock())
-            self._cond.notify()
+            dirty = self._state.apply(changes)
+            self._dirty |= dirty.services
+            self._everything |= dirty.everything
+            if dirty.sync:
+                self._schedule = self._schedule.changed(self._clock())
+                self._cond.notify()
+        if dirty.reported is not None and self._announcer is not None:
+            self._announcer.set_reported_sources(dirty.reported)
 
-    def _on_services(self, changes: list[Change[Service | InvalidService]]) -> None:
-        with self._cond:
-            keys = self._cache.on_services(changes)
-            for c in changes:
-                keys |= self._note_owner(c.key, c.new)
-        self._changed(keys)
-
-    def _note_owner(self, key: str, svc: Service | InvalidService | None) -> set[str]:
-        """Record which LoadBalancer IPs `svc` owns; return the Services to recompute for it."""
-        if not isinstance(svc, Service):
-            return self._owners.update(key, age=("", "", key))
-        kind = classify(svc, lb_class=self.cfg.lb_class, handle_classless=self.cfg.handle_classless)
-        return self._owners.update(
-            key,
-            age=(svc.created, svc.uid, key),
-            lb_ips=svc.ingress_ips if is_ours(kind) else (),
-            external_ips=svc.external_ips,
-        )
-
-    def _on_slices(self, changes: list[Change[Slice | BadSlice]]) -> None:
-        with self._cond:
-            keys = self._cache.on_slices(changes)
-        self._changed(keys)
-
-    def _on_nodes(self, changes: list[Change[Node]]) -> None:
-        with self._cond:
-            mine = self._cache.on_nodes(changes)
-        if mine:
-            self._changed(set(), everything=True)
-        elif self._announcer is not None:
-            self._changed(set())  # other nodes' readiness and labels decide ownership
-
-    def ingest(
-        self,
-        *,
-        services: Iterable[Mapping[str, Any]] = (),
-        slices: Iterable[Mapping[str, Any]] = (),
-        nodes: Iterable[Mapping[str, Any]] = (),
-    ) -> None:
-        """Feed raw objects as if listed from the API (`nodelb render`, tests)."""
-        svc_store, slice_store, node_store = new_stores()
-        self._on_services(svc_store.replace(services))
-        self._on_slices(slice_store.replace(slices))
-        self._on_nodes(node_store.replace(nodes))
-
-    def compute(self) -> DesiredState:
-        """Return the DesiredState for everything ingested, by the loop's own code path."""
-        with self._cond:
-            desired, _, _ = self._recompute(everything=True)
-        return desired
+    def held_changed(self) -> None:
+        """The announcer's held addresses changed: re-assemble and sync (any thread)."""
+        self.apply(Changes(held=True))
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -237,14 +188,16 @@ class Agent:
         def restarted(resource: str) -> Callable[[str], None]:
             return lambda reason: kube_metrics.WATCH_RESTARTS.labels(resource, reason).inc()
 
-        wiring: tuple[tuple[str, ListFn, Store[Any], Callable[[list[Any]], None]], ...] = (
-            ("services", self._lists.services, services, self._on_services),
-            ("endpointslices", self._lists.slices, slices, self._on_slices),
-            ("nodes", self._lists.nodes, nodes, self._on_nodes),
-        )
+        wiring: list[tuple[str, ListFn, Store[Any], Callable[[list[Any]], None]]] = [
+            ("services", self._lists.services, services, lambda c: self.apply(Changes(services=c))),
+            ("endpointslices", self._lists.slices, slices, lambda c: self.apply(Changes(slices=c))),
+            ("nodes", self._lists.nodes, nodes, lambda c: self.apply(Changes(nodes=c))),
+        ]
         if self._announcer is not None and self._lists.reports is not None:
-            reports: Store[tuple[str, tuple[IPAddress, ...]]] = Store(report_sources)
-            wiring += (("reports", self._lists.reports, reports, self._on_reports(reports)),)
+            reports = Store(report_sources)
+            wiring.append(
+                ("reports", self._lists.reports, reports, lambda c: self.apply(Changes(reports=c)))
+            )
         self._reflectors = [
             Reflector(
                 name=name,
@@ -261,13 +214,12 @@ class Agent:
         ]
         for t in threads:
             t.start()
-        stopper = threading.Thread(target=self._wake_on_stop, args=(stop,), daemon=True)
-        stopper.start()
+        threading.Thread(target=self._wake_on_stop, args=(stop,), daemon=True).start()
         try:
             while not stop.is_set() and not all(r.synced.is_set() for r in self._reflectors):
                 stop.wait(0.05)
             self.status.caches_synced = True
-            log.info("caches synced", extra={"services": len(self._cache.services)})
+            log.info("caches synced", extra={"services": len(self._state.cache.services)})
             while not stop.is_set():
                 self._wait_until_due(stop)
                 if not stop.is_set():
@@ -278,19 +230,6 @@ class Agent:
             for t in threads:
                 t.join(timeout=5)
 
-    def _on_reports(
-        self, store: Store[tuple[str, tuple[IPAddress, ...]]]
-    ) -> Callable[[list[Any]], None]:
-        def changed(changes: list[Any]) -> None:
-            assert self._announcer is not None
-            self._announcer.set_reported_sources(dict(store.items().values()))
-
-        return changed
-
-    def held_changed(self) -> None:
-        """The announcer's held addresses changed: re-assemble and sync (any thread)."""
-        self._changed(set())
-
     def _wake_on_stop(self, stop: threading.Event) -> None:
         stop.wait()
         with self._cond:
@@ -300,36 +239,38 @@ class Agent:
         with self._cond:
             while not stop.is_set():
                 now = self._clock()
-                due = self._schedule.next_wakeup(sweeping=self._sweep is not None)
+                due = self._schedule.next_wakeup(sweeping=self._state.sweep is not None)
                 if due <= now:
                     return
                 self._cond.wait(timeout=min(due - now, 1.0))
 
     def step(self) -> None:
-        """Recompute what changed (and a batch of a periodic resync in progress), sync the
-        dataplane, report problems, check drift."""
+        """Do what the schedule says is due now: recompute what changed (and a batch of a
+        periodic resync in progress), sync the dataplane, report, check drift."""
         now = self._clock()
+        outcome: Outcome | None = None
         with self._cond:
-            plan = self._schedule.step(
-                now, everything=self._all_dirty, sweeping=self._sweep is not None
-            )
+            sweeping = self._state.sweep is not None
+            plan = self._schedule.step(now, everything=self._everything, sweeping=sweeping)
             if plan.start_sweep:
-                self._sweep = deque(set(self._cache.services) | set(self._index.results))
-                log.info("periodic resync started", extra={"services": len(self._sweep)})
-            if not plan.recompute:
-                desired = None
-            else:
-                verify = self._sweep_batch() if plan.batch else set()
-                desired, touched, changed = self._recompute(
-                    everything=plan.full or self._all_dirty, verify=verify
-                )
-                if self._sweep is not None and not self._sweep:
-                    self._sweep = None
+                log.info("periodic resync started", extra={"services": self._state.start_sweep()})
+            if plan.recompute:
+                dirty = Dirty(frozenset(self._dirty), everything=plan.full or self._everything)
+                self._dirty, self._everything = set(), False
+                held = self._announcer.held() if self._announcer is not None else frozenset()
+                outcome = self._state.recompute(dirty, held_ips=held, batch=plan.batch)
+                self._count(outcome)
+                if outcome.resynced:
                     self._schedule = self._schedule.resynced(now)
                     self._freeze_due = True
-        if desired is not None:
-            self._sync(desired, touched, changed, full=plan.full, now=now)
-            self._serve_health()
+                if outcome.ownership is not None and self._announcer is not None:
+                    # Under the lock, so inputs reach the announcer in the order they were built.
+                    self._announcer.submit(outcome.ownership, outcome.nodes)
+        if outcome is not None:
+            self._sync(outcome, full=plan.full, now=now)
+            if outcome.health is not None and self._on_health is not None:
+                for error in self._on_health(outcome.health):
+                    log.warning(error)
             if plan.batch:
                 with self._cond:
                     self._schedule = self._schedule.batch_done(self._clock())
@@ -338,22 +279,14 @@ class Agent:
                 self._schedule = self._schedule.drift_checked(now)
             self._start_drift_check()
 
-    def _sweep_batch(self) -> set[str]:
-        """Move the next SWEEP_BATCH Services of the periodic resync into the dirty set (lock
-        held); return those that were not dirty already: their result must come out the same.
-
-        Why batches: recomputing all 10k Services at once takes ~1 s, and a change arriving
-        meanwhile would wait for it. A batch of 200 took ~20 ms quiet but 150-250 ms in the
-        loaded lab (py-spy), and a change waited for two of them; a batch of 50 bounds that
-        wait, and step() lets a pending change go alone after a batch. The table itself is
-        compared with the mirror by the drift check, so the resync sends nothing unless a
-        result moved.
-        """
-        assert self._sweep is not None
-        batch = {self._sweep.popleft() for _ in range(min(SWEEP_BATCH, len(self._sweep)))}
-        verify = batch - self._dirty
-        self._dirty |= batch
-        return verify
+    def _count(self, outcome: Outcome) -> None:
+        """Publish a recompute's figures in the status and the metrics."""
+        self.status.problems = outcome.problems
+        self.status.services = outcome.services
+        metrics.SERVICES_HANDLED.set(outcome.services)
+        for key in outcome.corrections:
+            metrics.RESYNC_CORRECTIONS.inc()
+            log.warning("periodic resync corrected %s: its result had not been updated", key)
 
     def _start_drift_check(self) -> None:
         """Read the table back on a thread of its own: at 10k Services the read takes seconds,
@@ -376,94 +309,6 @@ class Agent:
         if self._drift_thread is not None:
             self._drift_thread.join(timeout)
 
-    def _policy(self) -> PolicyView:
-        return PolicyView(
-            lb_class=self.cfg.lb_class,
-            handle_classless=self.cfg.handle_classless,
-            external_ip_cidrs=self.cfg.external_ip_cidrs,
-            pool_networks=tuple(n for p in self.cfg.pools for n in p.networks),
-        )
-
-    def _recompute(
-        self, *, everything: bool, verify: set[str] | None = None
-    ) -> tuple[DesiredState, set[str], set[FrontendKey] | None]:
-        """Recompute dirty Services (caller holds the lock).
-
-        Returns the state, the Service keys with problems to report, and the frontend keys
-        that may have changed (None when everything was recomputed). A Service in `verify`
-        had no change of its own: a result other than its last one is counted and logged
-        (the incremental bookkeeping missed something; the new result is used).
-        """
-        dirty = set(self._dirty)
-        if everything:
-            dirty |= set(self._cache.services) | set(self._index.results)
-        node = self._cache.this_node()
-        view = NodeView(name=self.cfg.node_name, zone=node.zone if node else None)
-        policy = self._policy()
-        changed: set[FrontendKey] = set()
-        for key in dirty:
-            previous = self._index.results.get(key)
-            if previous is not None:
-                changed.update(fe.key for fe in previous.frontends)
-            svc = self._cache.services.get(key)
-            self._health.pop(key, None)
-            if svc is None:
-                self._index.remove(key)
-                continue
-            if self._on_health is not None and isinstance(svc, Service):
-                self._note_health(svc)
-            result = service_frontends(
-                svc,
-                self._cache.slices_of(key),
-                node=view,
-                policy=policy,
-                allocated_to=self._owners.owners,
-            )
-            bad = self._cache.bad_slices_of(key)
-            if bad:
-                extra = tuple(Problem(ProblemReason.INVALID_SERVICE, b.reason) for b in bad)
-                result = dataclasses.replace(result, problems=result.problems + extra)
-            if verify and key in verify and previous != result:
-                metrics.RESYNC_CORRECTIONS.inc()
-                log.warning("periodic resync corrected %s: its result had not been updated", key)
-            self._index.put(result)
-            changed.update(fe.key for fe in result.frontends)
-        self._dirty.clear()
-        self._all_dirty = False
-        held: frozenset[IPAddress] | None = frozenset()  # None: every IP with a frontend
-        if self._announcer is not None:
-            held = self._announcer.held()
-            self._submit_ownership(dirty)
-        elif self.cfg.serve_all_ips:
-            held = None
-        local = self.cfg.local_cidrs or (node.pod_cidrs if node else ())
-        assembly = self._index.snapshot(held_ips=held, local_cidrs=local)
-        self._programmed_ips = assembly.programmed_ips
-        results = self._index.results
-        problems = {k: r.problems for k in dirty if (r := results.get(k)) and r.problems}
-        for key, conflicts in assembly.conflicts.items():
-            problems[key] = problems.get(key, ()) + conflicts
-        self.status.problems = problems
-        self.status.services = len(results)
-        metrics.SERVICES_HANDLED.set(len(results))
-        return assembly.desired, set(problems), (None if everything else changed)
-
-    def _submit_ownership(self, dirty: set[str]) -> None:
-        """Hand the announcer what ownership is planned from, when it moved (lock held; it
-        plans elsewhere)."""
-        assert self._announcer is not None
-        views = {
-            key: ownership_view(
-                self._cache.services.get(key),
-                r.lb_ips if (r := self._index.results.get(key)) is not None else (),
-                self._cache.slices_of(key),
-            )
-            for key in dirty
-        }
-        inp = self._ownership.update(views, self._cache.nodes.values())
-        if inp is not None:
-            self._announcer.submit(inp, self._ownership.nodes)
-
     def status_document(self, vrrp: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
         """Return what `GET /status` answers (`nodelb status`): see agent.node.status_document."""
         st = self.status
@@ -481,39 +326,11 @@ class Agent:
             vrrp=vrrp or (self._announcer.instances() if self._announcer else ()),
         )
 
-    def _note_health(self, svc: Service) -> None:
-        """Record the healthCheckNodePort answer of one of our Local Services (lock held)."""
-        kind = classify(svc, lb_class=self.cfg.lb_class, handle_classless=self.cfg.handle_classless)
-        if svc.health_check_node_port is None or not is_ours(kind):
-            return
-        answer = answer_for(svc, self._cache.slices_of(svc.key), self.cfg.node_name)
-        if answer is not None:
-            self._health[svc.key] = (svc.health_check_node_port, answer)
-
-    def _serve_health(self) -> None:
-        """Hand changed healthCheckNodePort answers to the listeners (outside the lock)."""
-        if self._on_health is None:
-            return
-        with self._cond:
-            answers = answers_by_port(self._health)
-        if answers == self._health_served:
-            return
-        self._health_served = answers
-        for error in self._on_health(answers):
-            log.warning(error)
-
-    def _sync(
-        self,
-        desired: DesiredState,
-        touched: set[str],
-        changed: set[FrontendKey] | None,
-        *,
-        full: bool,
-        now: float,
-    ) -> None:
+    def _sync(self, outcome: Outcome, *, full: bool, now: float) -> None:
+        desired = outcome.desired
         started = time.monotonic()
         try:
-            result = self._dataplane.sync(desired, full=full, changed=changed)
+            result = self._dataplane.sync(desired, full=full, changed=outcome.changed)
             ok = bool(getattr(result, "ok", True))
             retry_after = float(getattr(result, "retry_after", 1.0) or 1.0)
             error = str(getattr(result, "error", "") or "")
@@ -529,21 +346,21 @@ class Agent:
             if ok:
                 self._schedule = self._schedule.synced(now, full=full)
                 # Changes that arrived during the sync are still pending.
-                if self._dirty or self._all_dirty:
+                if self._dirty or self._everything:
                     self._schedule = self._schedule.changed(self._clock())
             else:
                 self._schedule = self._schedule.failed(now, retry_after)
-                self._all_dirty = True
+                self._everything = True
         if ok:
             self._last_desired = desired
             if self._announcer is not None:
-                self._announcer.report(self._programmed_ips)
+                self._announcer.report(outcome.programmed_ips)
             if not self.status.first_sync_done or self._freeze_due:
                 self._freeze()
             self.status.first_sync_done = True
             self.status.frontends = len(desired.frontends)
             self.ready.set()
-        self._report(touched)
+        self._report(outcome.reports)
 
     def _freeze(self) -> None:
         """Move every object alive now out of the cyclic collector's sight (gc.freeze).
@@ -559,19 +376,15 @@ class Agent:
         if self._freeze_heap:
             gc.freeze()
 
-    def _report(self, keys: set[str]) -> None:
+    def _report(self, reports: Iterable[ProblemReport]) -> None:
+        """Send each problem's Warning Event, unless the gate saw it lately."""
         now = self._clock()
-        for key in keys:
-            problems = self.status.problems.get(key, ())
-            svc = self._cache.services.get(key)
-            uid = svc.uid if svc is not None else ""
-            ns, _, name = key.partition("/")
-            for p in problems:
-                event = Event(ObjectRef("Service", ns, name, uid), "Warning", p.reason, p.message)
-                if self._gate.admit(event, now):
-                    log.warning("%s: %s: %s", key, p.reason, p.message)
-                    metrics.SERVICE_PROBLEMS.labels(p.reason.value).inc()
-                    if p.reason is ProblemReason.EXTERNAL_IP_REFUSED:
-                        metrics.EXTERNAL_IPS_REFUSED.inc()
-                    self._on_problem(p)
-                    self._events.record(event)
+        for r in reports:
+            ns, _, name = r.service.partition("/")
+            p = r.problem
+            event = Event(ObjectRef("Service", ns, name, r.uid), "Warning", p.reason, p.message)
+            if self._gate.admit(event, now):
+                log.warning("%s: %s: %s", r.service, p.reason, p.message)
+                metrics.count_problem(p.reason)
+                self._on_problem(p)
+                self._events.record(event)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
+from agent.node.service_frontends import ProblemReason
+
 SERVICE_PROBLEMS = Counter(
     "nodelb_service_problems_total",
     "Problems reported as Warning Events (malformed Services or slices, refused externalIPs,"
@@ -26,3 +28,10 @@ SERVICES_HANDLED = Gauge(
     "nodelb_services",
     "Services in the agent's cache that were evaluated for this node.",
 )
+
+
+def count_problem(reason: ProblemReason) -> None:
+    """Count one problem reported as a Warning Event (a refused externalIP also as a refusal)."""
+    SERVICE_PROBLEMS.labels(reason.value).inc()
+    if reason is ProblemReason.EXTERNAL_IP_REFUSED:
+        EXTERNAL_IPS_REFUSED.inc()

@@ -12,6 +12,7 @@ import urllib3
 from agent.config import AgentConfig, SyncTiming
 from agent.kube.events import ListSink
 from agent.model.endpoint_slice import AddressType, Slice, SliceEndpoint
+from agent.node.cluster_state import listed
 from agent.node.health_answers import HealthAnswer, answers_by_port, local_endpoints
 from agent.node.healthcheck import HealthCheckServers
 from agent.node.loop import Agent, ListFns
@@ -79,15 +80,15 @@ def test_the_agent_hands_answers_to_the_listeners_when_they_change() -> None:
         clock=Clock(),
         on_health=serve,
     )
-    agent.ingest(services=[local_service()], slices=[slice_on("n1")])
+    agent.apply(listed(services=[local_service()], slices=[slice_on("n1")]))
     agent.step()
     assert seen == [{30555: HealthAnswer("ns", "web", 1)}]
     agent.step()  # nothing changed: no new hand-over
     assert len(seen) == 1
-    agent.ingest(services=[local_service()], slices=[slice_on("n2")])
+    agent.apply(listed(services=[local_service()], slices=[slice_on("n2")]))
     agent.step()
     assert seen[-1] == {30555: HealthAnswer("ns", "web", 0)}
-    agent.ingest(services=[local_service(policy="Cluster")], slices=[slice_on("n1")])
+    agent.apply(listed(services=[local_service(policy="Cluster")], slices=[slice_on("n1")]))
     agent.step()
     assert seen[-1] == {}
 

@@ -20,8 +20,8 @@ from agent.model.desired_state import DesiredState, FrontendKey
 from agent.model.net import IPAddress, Protocol
 from agent.model.node import Node
 from agent.model.service import Service
-from agent.node import loop as runtime
 from agent.node.cache import new_stores
+from agent.node.cluster_state import Changes
 from agent.node.loop import Agent, ListFns
 
 
@@ -73,7 +73,7 @@ def make_agent(
     **agent_kw: Any,
 ) -> tuple[Agent, FakeDataplane, ListSink, Clock]:
     """Return an agent on node-1 with a fake dataplane, sink and clock. `config` adds
-    AgentConfig fields, `agent_kw` Agent keywords (announcer, freeze_heap)."""
+    AgentConfig fields, `agent_kw` Agent keywords (announcer, freeze_heap, sweep_batch)."""
     timing = sync or SyncTiming(min_interval=0.1, full_resync_period=300, drift_check_period=60)
     cfg = AgentConfig(node_name="node-1", sync=timing, **(config or {}))
     dp, sink, clock = FakeDataplane(), ListSink(), clock or Clock()
@@ -99,7 +99,7 @@ def svc(name: str, port: Any = 80, ip: str = "198.18.0.200") -> dict[str, Any]:
 def feed_services(agent: Agent, *raws: dict[str, Any]) -> None:
     store, _, _ = new_stores()
     changes = [c for raw in raws if (c := store.apply(EventType.ADDED, raw)) is not None]
-    agent._on_services(changes)
+    agent.apply(Changes(services=changes))
 
 
 def problems_counted(reason: str) -> float:
@@ -276,12 +276,12 @@ def test_ownership_is_replanned_only_when_an_ip_s_eligible_nodes_may_have_moved(
     local = svc("local", ip="198.18.0.201")
     local["spec"]["externalTrafficPolicy"] = "Local"
     feed_services(agent, svc("web"), local)
-    agent._on_nodes([node_change("node-1", True), node_change("node-2", True)])
+    agent.apply(Changes(nodes=[node_change("node-1", True), node_change("node-2", True)]))
     agent.step()
     assert len(announcer.inputs) == 1
 
     def step_with(changes: list[Any]) -> None:
-        agent._on_slices(changes)
+        agent.apply(Changes(slices=changes))
         clock.now += 1
         agent.step()
 
@@ -296,7 +296,7 @@ def test_ownership_is_replanned_only_when_an_ip_s_eligible_nodes_may_have_moved(
     (use,) = [u for u in announcer.inputs[-1].ips if str(u.ip) == "198.18.0.201"]
     assert use.services[0].local_nodes == frozenset()
     # Another node's readiness is an input too, although this node's state is unchanged.
-    agent._on_nodes([node_change("node-2", False)])
+    agent.apply(Changes(nodes=[node_change("node-2", False)]))
     clock.now += 1
     agent.step()
     assert len(announcer.inputs) == 4
@@ -306,17 +306,14 @@ def test_ownership_is_replanned_only_when_an_ip_s_eligible_nodes_may_have_moved(
     }
 
 
-def test_the_periodic_resync_recomputes_every_service_in_batches_and_fixes_a_missed_one(
-    monkeypatch: Any,
-) -> None:
-    monkeypatch.setattr(runtime, "SWEEP_BATCH", 2)
-    agent, dp, _, clock = make_agent()
+def test_the_periodic_resync_recomputes_every_service_in_batches_and_fixes_a_missed_one() -> None:
+    agent, dp, _, clock = make_agent(sweep_batch=2)
     feed_services(agent, *(svc(f"s{i}", ip=f"198.18.0.{200 + i}") for i in range(5)))
     agent.step()
     assert dp.syncs[-1][1]  # the first sync is full
     # The incremental state misses an update: s3's result is stale (as if a change was lost).
-    stale = dataclasses.replace(agent._index.results["ns/s3"], frontends=())
-    agent._index.put(stale)
+    stale = dataclasses.replace(agent._state.index.results["ns/s3"], frontends=())
+    agent._state.index.put(stale)
     corrections = metric("nodelb_resync_corrections_total")
     clock.now += 301  # the resync is due: 5 Services in batches of 2
     hints: list[set[FrontendKey] | None] = []
@@ -336,45 +333,41 @@ def test_the_periodic_resync_recomputes_every_service_in_batches_and_fixes_a_mis
     assert agent._schedule.full_due() == pytest.approx(clock.now - 100 - 0.1 + 300)
 
 
-def test_a_change_during_the_resync_rides_along_and_is_not_a_correction(monkeypatch: Any) -> None:
-    monkeypatch.setattr(runtime, "SWEEP_BATCH", 1)
-    agent, dp, _, clock = make_agent()
+def test_a_change_during_the_resync_rides_along_and_is_not_a_correction() -> None:
+    agent, dp, _, clock = make_agent(sweep_batch=1)
     feed_services(agent, svc("a"), svc("b", ip="198.18.0.201"))
     agent.step()
     corrections = metric("nodelb_resync_corrections_total")
     clock.now += 301
     feed_services(agent, svc("a", port=81), svc("b", ip="198.18.0.201", port=82))
     agent.step()  # the resync starts; its first batch is one of the two changed Services
-    assert agent._sweep is not None and len(agent._sweep) == 1
+    assert agent._state.sweep is not None and agent._state.sweep.left == 1
     clock.now += 0.1
     agent.step()  # its second batch: recomputed already, so the same result
-    assert agent._sweep is None
+    assert agent._state.sweep is None
     assert metric("nodelb_resync_corrections_total") == corrections
     assert {k.port for k in dp.syncs[-1][0].frontends} == {81, 82}
 
 
-def test_after_a_resync_batch_a_pending_change_goes_alone_and_the_resync_still_advances(
-    monkeypatch: Any,
-) -> None:
-    monkeypatch.setattr(runtime, "SWEEP_BATCH", 1)
-    agent, dp, _, clock = make_agent()
+def test_after_a_resync_batch_a_pending_change_goes_alone_and_the_resync_still_advances() -> None:
+    agent, dp, _, clock = make_agent(sweep_batch=1)
     names = ["a", "b", "c", "d"]
     feed_services(agent, *(svc(n, ip=f"198.18.0.{200 + i}") for i, n in enumerate(names)))
     agent.step()
     clock.now += 301
     agent.step()  # the resync starts with one batch
-    assert agent._sweep is not None and len(agent._sweep) == 3
+    assert agent._state.sweep is not None and agent._state.sweep.left == 3
     # Steady churn: a change is pending at every step from now on.
     ports = iter(range(81, 99))
     recomputed: list[set[str]] = []
-    while agent._sweep is not None:
+    while agent._state.sweep is not None:
         feed_services(agent, svc("a", port=next(ports)))
         clock.now += 0.1
-        left = len(agent._sweep)
+        left = agent._state.sweep.left
         agent.step()
         assert dp.hints[-1] is not None
         recomputed.append({str(k.ip) for k in dp.hints[-1]})
-        now_left = len(agent._sweep) if agent._sweep is not None else 0
+        now_left = agent._state.sweep.left if agent._state.sweep is not None else 0
         # Alternating: a change-only step right after a batch, then a batch with the change.
         assert left - now_left == (len(recomputed) + 1) % 2
     assert recomputed[0] == {"198.18.0.200"}, "the change went alone after the first batch"
@@ -390,7 +383,7 @@ def test_the_incremental_ownership_input_equals_one_built_from_scratch() -> None
         sync=SyncTiming(min_interval=0.0, full_resync_period=10**6, drift_check_period=10**6),
         announcer=announcer,
     )
-    agent._on_nodes([node_change(n, True) for n in ("node-1", "node-2", "node-3")])
+    agent.apply(Changes(nodes=[node_change(n, True) for n in ("node-1", "node-2", "node-3")]))
     rng = random.Random(7)
     names = [f"s{i}" for i in range(12)]
     for _ in range(200):
@@ -404,18 +397,18 @@ def test_the_incremental_ownership_input_equals_one_built_from_scratch() -> None
         elif roll < 0.85:
             node = rng.choice(("node-1", "node-2", "node-3"))
             addr = f"198.19.{rng.randrange(1, 4)}.{rng.randrange(1, 250)}"
-            agent._on_slices([slice_change(name, node, addr, ready=rng.random() < 0.7)])
+            agent.apply(Changes(slices=[slice_change(name, node, addr, ready=rng.random() < 0.7)]))
         else:
             store = new_stores()[0]
             store.apply(EventType.ADDED, svc(name))
             gone = store.apply(EventType.DELETED, svc(name))
             assert gone is not None
-            agent._on_services([gone])
+            agent.apply(Changes(services=[gone]))
         clock.now += 1
         agent.step()
-        services = {k: s for k, s in agent._cache.services.items() if isinstance(s, Service)}
-        served = {k: r.lb_ips for k, r in agent._index.results.items() if r.lb_ips}
-        slices = {k: agent._cache.slices_of(k) for k in served if services[k].local_policy}
+        services = {k: s for k, s in agent._state.cache.services.items() if isinstance(s, Service)}
+        served = {k: r.lb_ips for k, r in agent._state.index.results.items() if r.lb_ips}
+        slices = {k: agent._state.cache.slices_of(k) for k in served if services[k].local_policy}
         want = ip_uses(served, services, slices)
         assert announcer.inputs, "an input was submitted"
         assert announcer.inputs[-1].ips == want
@@ -427,11 +420,11 @@ def test_the_heap_is_frozen_after_the_first_sync_and_after_each_periodic_resync(
     clock = Clock()
     frozen: list[float] = []
     monkeypatch.setattr(gc, "freeze", lambda: frozen.append(clock.now))
-    monkeypatch.setattr(runtime, "SWEEP_BATCH", 1)
     agent, _, _, _ = make_agent(
         sync=SyncTiming(min_interval=0.1, full_resync_period=300, drift_check_period=10**6),
         clock=clock,
         freeze_heap=True,
+        sweep_batch=1,
     )
     feed_services(agent, svc("a"), svc("b", ip="198.18.0.201"))
     agent.step()
