@@ -147,6 +147,7 @@ class Agent:
         )
         self._dirty: set[str] = set()  # Services to recompute at the next step
         self._everything = True  # the next step recomputes every Service
+        self._wanted = False  # a sync was asked for since the last recompute
         self._cond = threading.Condition()
         self._gate = EventGate()
         s = cfg.sync
@@ -170,6 +171,7 @@ class Agent:
             self._dirty |= dirty.services
             self._everything |= dirty.everything
             if dirty.sync:
+                self._wanted = True
                 self._schedule = self._schedule.changed(self._clock())
                 self._cond.notify()
         if dirty.reported is not None and self._announcer is not None:
@@ -256,7 +258,7 @@ class Agent:
                 log.info("periodic resync started", extra={"services": self._state.start_sweep()})
             if plan.recompute:
                 dirty = Dirty(frozenset(self._dirty), everything=plan.full or self._everything)
-                self._dirty, self._everything = set(), False
+                self._dirty, self._everything, self._wanted = set(), False, False
                 held = self._announcer.held() if self._announcer is not None else frozenset()
                 outcome = self._state.recompute(dirty, held_ips=held, batch=plan.batch)
                 self._count(outcome)
@@ -345,8 +347,9 @@ class Agent:
         with self._cond:
             if ok:
                 self._schedule = self._schedule.synced(now, full=full)
-                # Changes that arrived during the sync are still pending.
-                if self._dirty or self._everything:
+                # What arrived during the sync is still pending: changes of Services, and
+                # wake-ups with nothing to recompute (held addresses, another node).
+                if self._wanted or self._everything:
                     self._schedule = self._schedule.changed(self._clock())
             else:
                 self._schedule = self._schedule.failed(now, retry_after)

@@ -6,6 +6,7 @@ import dataclasses
 import gc
 import ipaddress
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +39,11 @@ class FakeDataplane:
     syncs: list[tuple[DesiredState, bool]] = field(default_factory=list)
     hints: list[set[FrontendKey] | None] = field(default_factory=list)
     drift_checks: int = 0
+    during_sync: Callable[[], None] | None = None  # runs inside sync, as another thread might
 
     def sync(self, desired: DesiredState, *, full: bool = False, changed: Any = None) -> SyncResult:
+        if self.during_sync is not None:
+            self.during_sync()
         self.syncs.append((desired, full))
         self.hints.append(None if changed is None else set(changed))
         return SyncResult(ok=not self.fail, error="nft said no" if self.fail else "")
@@ -304,6 +308,36 @@ def test_ownership_is_replanned_only_when_an_ip_s_eligible_nodes_may_have_moved(
         ("node-1", True),
         ("node-2", False),
     }
+
+
+@pytest.mark.parametrize(
+    "wake",
+    [
+        pytest.param(lambda a: a.held_changed(), id="the announcer's held addresses changing"),
+        pytest.param(
+            lambda a: a.apply(Changes(nodes=[node_change("node-2", False)])),
+            id="another node's readiness changing",
+        ),
+        pytest.param(lambda a: feed_services(a, svc("b", ip="198.18.0.9")), id="a new Service"),
+    ],
+)
+def test_a_wake_up_that_arrives_during_a_sync_gets_a_sync_of_its_own(
+    wake: Callable[[Agent], None],
+) -> None:
+    announcer = FakeAnnouncer()
+    agent, dp, _, clock = make_agent(announcer=announcer)
+    feed_services(agent, svc("web"))
+    agent.step()
+    feed_services(agent, svc("web", port=81))
+    clock.now += 1
+    dp.during_sync = lambda: wake(agent)
+    agent.step()
+    dp.during_sync = None
+    assert agent._schedule.sync_due() is not None, "what arrived during the sync is pending"
+    syncs = len(dp.syncs)
+    clock.now += 1
+    agent.step()
+    assert len(dp.syncs) == syncs + 1
 
 
 def test_the_periodic_resync_recomputes_every_service_in_batches_and_fixes_a_missed_one() -> None:
