@@ -63,27 +63,31 @@ def test_settings_parse_with_errors_naming_the_key() -> None:
             parse_announce(raw)
 
 
+# Service b's slices: a ready IPv4 endpoint on n1, an unready one on n2, an IPv6 one on n3.
+B_SLICES = [
+    Slice(
+        "ns",
+        "b-1",
+        "b",
+        AddressType.IPV4,
+        endpoints=(
+            SliceEndpoint(ip=IP("198.19.1.5"), node_name="n1"),
+            SliceEndpoint(ip=IP("198.19.2.5"), node_name="n2", ready=False),
+        ),
+    ),
+    Slice(
+        "ns",
+        "b-2",
+        "b",
+        AddressType.IPV6,
+        endpoints=(SliceEndpoint(ip=IP("2001:db8::5"), node_name="n3"),),
+    ),
+]
+
+
 def test_a_shared_ip_merges_its_services_and_local_nodes_are_per_family() -> None:
     a, b = service("a", "198.19.0.1"), service("b", "198.19.0.1", local=True)
-    slices = [
-        Slice(
-            "ns",
-            "b-1",
-            "b",
-            AddressType.IPV4,
-            endpoints=(
-                SliceEndpoint(ip=IP("198.19.1.5"), node_name="n1"),
-                SliceEndpoint(ip=IP("198.19.2.5"), node_name="n2", ready=False),
-            ),
-        ),
-        Slice(
-            "ns",
-            "b-2",
-            "b",
-            AddressType.IPV6,
-            endpoints=(SliceEndpoint(ip=IP("2001:db8::5"), node_name="n3"),),
-        ),
-    ]
+    slices = B_SLICES
     uses = ip_uses(
         {"ns/a": [IP("198.19.0.1")], "ns/b": [IP("198.19.0.1")]},
         {"ns/a": a, "ns/b": b},  # type: ignore[dict-item]
@@ -302,21 +306,10 @@ def test_the_first_update_builds_an_input_even_with_nothing_to_place() -> None:
 
 
 def test_a_service_s_ownership_view_reads_slices_only_for_local_policy() -> None:
-    web, loc = service("web", "198.19.0.1"), service("loc", "198.19.0.1", local=True)
-    slices = [
-        Slice(
-            "ns",
-            "loc-1",
-            "loc",
-            AddressType.IPV4,
-            endpoints=(
-                SliceEndpoint(ip=IP("198.19.1.5"), node_name="n1"),
-                SliceEndpoint(ip=IP("198.19.1.6"), node_name="n2", ready=False),
-            ),
-        )
-    ]
-    assert ownership_view(web, (IP1,), slices) == cluster(IP1)  # type: ignore[arg-type]
-    assert ownership_view(loc, (IP1,), slices) == local(IP1, v4=("n1",))  # type: ignore[arg-type]
-    assert ownership_view(loc, (), slices) is None  # type: ignore[arg-type]
-    assert ownership_view(None, (IP1,), slices) is None
-    assert ownership_view(InvalidService("ns/x", "u", "bad"), (IP1,), slices) is None
+    a, b = service("a", "198.19.0.1"), service("b", "198.19.0.1", local=True)
+    assert ownership_view(a, (IP1,), B_SLICES) == cluster(IP1)  # type: ignore[arg-type]
+    want = local(IP1, v4=("n1",), v6=("n3",))  # n2's endpoint is not ready
+    assert ownership_view(b, (IP1,), B_SLICES) == want  # type: ignore[arg-type]
+    assert ownership_view(b, (), B_SLICES) is None  # type: ignore[arg-type]
+    assert ownership_view(None, (IP1,), B_SLICES) is None
+    assert ownership_view(InvalidService("ns/b", "u", "bad"), (IP1,), B_SLICES) is None

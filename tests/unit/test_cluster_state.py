@@ -90,6 +90,11 @@ def endpoints(service: str, *eps: tuple[str, str, bool], name: str = "") -> dict
     }
 
 
+def ready_on(service: str, *nodes: str) -> dict[str, Any]:
+    """A slice of ns/<service> with one ready endpoint on each of `nodes`."""
+    return endpoints(service, *((f"198.19.9.{i + 1}", n, True) for i, n in enumerate(nodes)))
+
+
 def node(name: str, *, ready: bool = True, zone: str | None = None) -> dict[str, Any]:
     labels = {"topology.kubernetes.io/zone": zone} if zone else {}
     return {
@@ -169,10 +174,14 @@ def pooled(**kw: Any) -> dict[str, Any]:
     return {"external_ip_cidrs": (POOL,), "pools": (Pool("lab", (POOL,)),), **kw}
 
 
+USER = svc("web", external=("198.18.0.9",))  # names a pool address as externalIP
+OWNER = svc("owner", "198.18.0.9", created="2026-01-01")  # the address's oldest claimant
+
+
 APPLY_CASES = [
     pytest.param(
         ApplyCase(
-            setup=lambda c: c.put(services=[svc("web", external=("198.18.0.9",))]),
+            setup=lambda c: c.put(services=[USER]),
             change=lambda c: c.put(services=[svc("new", "198.18.0.9", created="2026-02-01")]),
             want=Dirty(keys("new", "web"), sync=True),
         ),
@@ -180,12 +189,7 @@ APPLY_CASES = [
     ),
     pytest.param(
         ApplyCase(
-            setup=lambda c: c.put(
-                services=[
-                    svc("web", external=("198.18.0.9",)),
-                    svc("owner", "198.18.0.9", created="2026-01-01"),
-                ]
-            ),
+            setup=lambda c: c.put(services=[USER, OWNER]),
             change=lambda c: c.put(services=[svc("young", "198.18.0.9", created="2026-03-01")]),
             want=Dirty(keys("young"), sync=True),
         ),
@@ -194,11 +198,7 @@ APPLY_CASES = [
     pytest.param(
         ApplyCase(
             setup=lambda c: c.put(
-                services=[
-                    svc("web", external=("198.18.0.9",)),
-                    svc("owner", "198.18.0.9", created="2026-01-01"),
-                    svc("next", "198.18.0.9", created="2026-03-01"),
-                ]
+                services=[USER, OWNER, svc("next", "198.18.0.9", created="2026-03-01")]
             ),
             change=lambda c: c.delete_service("owner"),
             want=Dirty(keys("owner", "web"), sync=True),
@@ -207,9 +207,7 @@ APPLY_CASES = [
     ),
     pytest.param(
         ApplyCase(
-            setup=lambda c: c.put(
-                services=[svc("web", external=("198.18.0.9",)), svc("other", "198.18.0.8")]
-            ),
+            setup=lambda c: c.put(services=[USER, svc("other", "198.18.0.8")]),
             change=lambda c: c.put(services=[svc("other", "198.18.0.7")]),
             want=Dirty(keys("other"), sync=True),
         ),
@@ -349,11 +347,7 @@ OWNERSHIP_CASES = [
     ),
     pytest.param(
         OwnershipCase(
-            change=lambda c: c.put(
-                slices=[
-                    endpoints("loc", ("198.19.2.1", "node-1", True), ("198.19.2.2", "node-2", True))
-                ]
-            ),
+            change=lambda c: c.put(slices=[ready_on("loc", "node-1", "node-2")]),
             rebuilt=True,
             want_local={"198.18.0.201": frozenset({"node-1", "node-2"})},
         ),
@@ -671,11 +665,7 @@ HEALTH_CASES = [
     ),
     pytest.param(
         HealthCase(
-            then=lambda c: c.put(
-                slices=[
-                    endpoints("web", ("198.19.1.1", "node-1", True), ("198.19.1.3", "node-2", True))
-                ]
-            ),
+            then=lambda c: c.put(slices=[ready_on("web", "node-1", "node-2")]),
             want=None,
         ),
         id="an endpoint added on another node leaves this node's answer as it was",

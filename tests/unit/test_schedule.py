@@ -101,97 +101,64 @@ SYNCED = schedule().synced(100.0, full=True)  # the first sync went out at 100.0
 RESYNC_DUE = 100.0 + 300
 SWEEPING = SYNCED.synced(RESYNC_DUE, full=False).batch_done(RESYNC_DUE + 0.05)
 
+FULL = Step(full=True, start_sweep=False, batch=False, recompute=True)
+IDLE = Step(full=False, start_sweep=False, batch=False, recompute=False)
+PARTIAL = Step(full=False, start_sweep=False, batch=False, recompute=True)  # changes only
+START = Step(full=False, start_sweep=True, batch=True, recompute=True)  # and the first batch
+BATCH = Step(full=False, start_sweep=False, batch=True, recompute=True)  # with any change
+
 STEP_CASES = [
     pytest.param(
-        StepCase(schedule(), 5.0, Step(full=True, start_sweep=False, batch=False, recompute=True)),
+        StepCase(schedule(), 5.0, FULL),
         id="before any sync succeeded the step is a full sync with nothing pending",
     ),
     pytest.param(
-        StepCase(
-            schedule().failed(5.0, 1.0).changed(5.5),
-            6.0,
-            Step(full=True, start_sweep=False, batch=False, recompute=True),
-        ),
+        StepCase(schedule().failed(5.0, 1.0).changed(5.5), 6.0, FULL),
         id="a first sync that failed is full again, and no resync starts before it succeeds",
     ),
     pytest.param(
-        StepCase(SYNCED, 150.0, Step(full=False, start_sweep=False, batch=False, recompute=False)),
+        StepCase(SYNCED, 150.0, IDLE),
         id="nothing pending and no resync due means the step does nothing",
     ),
     pytest.param(
-        StepCase(
-            SYNCED.changed(150.0),
-            150.0,
-            Step(full=False, start_sweep=False, batch=False, recompute=True),
-        ),
+        StepCase(SYNCED.changed(150.0), 150.0, PARTIAL),
         id="a pending change is recomputed and synced as a partial sync",
     ),
     pytest.param(
-        StepCase(
-            SYNCED.failed(150.0, 0.5),
-            151.0,
-            Step(full=False, start_sweep=False, batch=False, recompute=True),
-            everything=True,
-        ),
+        StepCase(SYNCED.failed(150.0, 0.5), 151.0, PARTIAL, everything=True),
         id="after a failed sync everything is recomputed though no change is pending",
     ),
     pytest.param(
-        StepCase(
-            SYNCED, RESYNC_DUE, Step(full=False, start_sweep=True, batch=True, recompute=True)
-        ),
+        StepCase(SYNCED, RESYNC_DUE, START),
         id="a periodic resync falling due starts and runs its first batch in the same step",
     ),
     pytest.param(
-        StepCase(
-            SYNCED.changed(RESYNC_DUE),
-            RESYNC_DUE,
-            Step(full=False, start_sweep=True, batch=True, recompute=True),
-        ),
+        StepCase(SYNCED.changed(RESYNC_DUE), RESYNC_DUE, START),
         id="a change pending when the resync starts rides along with the first batch",
     ),
     pytest.param(
-        StepCase(
-            SWEEPING,
-            RESYNC_DUE + 0.2,
-            Step(full=False, start_sweep=False, batch=True, recompute=True),
-            sweeping=True,
-        ),
+        StepCase(SWEEPING, RESYNC_DUE + 0.2, BATCH, sweeping=True),
         id="a resync in progress runs its next batch min_interval after the last one ended",
     ),
     pytest.param(
-        StepCase(
-            SWEEPING,
-            RESYNC_DUE + 0.12,
-            Step(full=False, start_sweep=False, batch=False, recompute=False),
-            sweeping=True,
-        ),
+        StepCase(SWEEPING, RESYNC_DUE + 0.12, IDLE, sweeping=True),
         id="no batch runs sooner than min_interval after the last batch ended",
     ),
     pytest.param(
-        StepCase(
-            SWEEPING.changed(RESYNC_DUE + 0.1),
-            RESYNC_DUE + 0.2,
-            Step(full=False, start_sweep=False, batch=False, recompute=True),
-            sweeping=True,
-        ),
+        StepCase(SWEEPING.changed(RESYNC_DUE + 0.1), RESYNC_DUE + 0.2, PARTIAL, sweeping=True),
         id="a change pending right after a batch goes alone without the next batch",
     ),
     pytest.param(
         StepCase(
             SWEEPING.synced(RESYNC_DUE + 0.15, full=False).changed(RESYNC_DUE + 0.2),
             RESYNC_DUE + 0.3,
-            Step(full=False, start_sweep=False, batch=True, recompute=True),
+            BATCH,
             sweeping=True,
         ),
         id="a change pending after a change-only sync rides with the next batch",
     ),
     pytest.param(
-        StepCase(
-            SWEEPING,
-            RESYNC_DUE + 400,
-            Step(full=False, start_sweep=False, batch=True, recompute=True),
-            sweeping=True,
-        ),
+        StepCase(SWEEPING, RESYNC_DUE + 400, BATCH, sweeping=True),
         id="a resync still in progress when the next period passes is not started again",
     ),
 ]
