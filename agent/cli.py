@@ -19,7 +19,8 @@ from kubernetes import client
 
 from agent import logs, memory, status_command
 from agent.announce.announcer import Announcer
-from agent.config import AgentConfig, ConfigError, load_config
+from agent.config import AgentConfig, ConfigError
+from agent.config_file import load_config
 from agent.controller.api import KubeControllerAPI
 from agent.controller.leader import ElectionTiming
 from agent.controller.loop import Controller, ControllerSettings

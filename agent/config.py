@@ -7,13 +7,9 @@ module sees a string where an address or a number belongs.
 from __future__ import annotations
 
 import ipaddress
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
-
-import yaml
 
 from agent.announce.settings import AnnounceConfigError, AnnounceSettings, parse_announce
 from agent.model.net import IPNetwork
@@ -166,18 +162,3 @@ def _announce(raw: Any) -> AnnounceSettings:
         return parse_announce(raw)
     except AnnounceConfigError as exc:
         raise ConfigError(str(exc)) from None
-
-
-def load_config(path: Path | None, *, node_name: str | None = None) -> AgentConfig:
-    """Return the validated config from `path` (None: defaults); node name else $NODE_NAME."""
-    raw: Any = {}
-    if path is not None:
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{path}: cannot read configuration: {exc}") from None
-        if not isinstance(raw, Mapping):
-            raise ConfigError(f"{path}: the configuration must be a mapping")
-    cfg = parse_config(raw)
-    name = node_name or cfg.node_name or os.environ.get("NODE_NAME", "")
-    return replace(cfg, node_name=name)

@@ -19,11 +19,9 @@ import hashlib
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
-import yaml
 
 from agent.config import AgentConfig, ConfigError, parse_config
 from agent.model.net import IPAddress, IPNetwork
@@ -124,17 +122,6 @@ def cluster_addresses(nodes: Iterable[Mapping[str, Any]]) -> ClusterAddresses:
 
 def _key(ip: IPAddress) -> tuple[int, int]:
     return (ip.version, int(ip))
-
-
-def read_document(path: Path) -> Mapping[str, Any]:
-    """Return the parsed config file; ConfigError when it cannot be read or is not a mapping."""
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: cannot read configuration: {exc}") from None
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{path}: the configuration must be a mapping")
-    return raw
 
 
 def parse_controller_config(

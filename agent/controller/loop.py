@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import ConfigError
+from agent.config_file import read_document
 from agent.controller import metrics
 from agent.controller.allocator import Allocator
 from agent.controller.api import APIError, Clock, ControllerAPI, PatchResult, SystemClock
@@ -53,7 +54,6 @@ from agent.controller.config import (
     config_digest,
     config_verdict,
     parse_controller_config,
-    read_document,
     refuse,
 )
 from agent.controller.exhaustion import ExhaustionLimiter

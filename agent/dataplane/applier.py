@@ -102,7 +102,7 @@ class SyncResult:
 
 
 class TableReader(Protocol):
-    """Reads the nodelb table back without libnftables (agent/dataplane/netlink_dump.NetlinkTableReader)."""
+    """Reads the nodelb table back without libnftables (netlink_dump.NetlinkTableReader)."""
 
     def snapshot(self) -> Snapshot:
         """Return the table's content (rules.readback.Snapshot). Raises NftError."""

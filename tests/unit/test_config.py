@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from agent.config import ConfigError, load_config, parse_config
+from agent.config import ConfigError, parse_config
+from agent.config_file import load_config
 from agent.model.pools import parse_block
 
 
