@@ -33,7 +33,7 @@ from agent.announce.metrics import SpeakerMetrics
 from agent.announce.ownership import Plan, plan
 from agent.announce.settings import AnnounceSettings
 from agent.announce.vrrp.config import SpeakerConfig
-from agent.announce.vrrp.control import SpeakerStatus
+from agent.announce.vrrp.control import InstanceStatus, SpeakerStatus
 from agent.announce.vrrp.process import SpeakerProcess
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
 from agent.model.net import IPAddress
@@ -160,22 +160,11 @@ class Announcer:
         """Return this node's advert sources (published in its report Lease)."""
         return tuple(a for a in (self.source4, self.link_local) if a is not None)
 
-    def instances(self) -> list[dict[str, Any]]:
-        """Return the VRRP instances as `GET /status` shows them."""
+    def instances(self) -> tuple[InstanceStatus, ...]:
+        """Return the VRRP instances as the speaker last reported them (empty before its first
+        snapshot); `GET /status` shows them (agent/node/status_document.py)."""
         status = self.status
-        if status is None:
-            return []
-        return [
-            {
-                "vrid": i.vrid,
-                "family": f"IPv{i.family}",
-                "state": i.state,
-                "priority": i.priority,
-                "addresses": [str(a) for a in i.addresses],
-                "master": None if i.master is None else str(i.master),
-            }
-            for i in status.instances
-        ]
+        return () if status is None else status.instances
 
     def stop(self, *, graceful: bool = True) -> None:
         """Stop the speaker: graceful resigns with priority 0 first, then removes addresses."""

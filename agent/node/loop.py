@@ -13,13 +13,14 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from kubernetes import client
 
 from agent.announce.inputs import OwnershipInput
+from agent.announce.vrrp.control import InstanceStatus
 from agent.config import AgentConfig
 from agent.kube import metrics as kube_metrics
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
@@ -42,7 +43,7 @@ from agent.node.cluster_state import (
 from agent.node.health_answers import HealthAnswer
 from agent.node.schedule import SyncSchedule
 from agent.node.service_frontends import Problem
-from agent.node.status_document import status_document
+from agent.node.status_document import status_document, to_document
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class AnnouncerLike(Protocol):
 
     def set_reported_sources(self, reported: Mapping[str, tuple[IPAddress, ...]]) -> None: ...
 
-    def instances(self) -> list[dict[str, Any]]: ...
+    def instances(self) -> tuple[InstanceStatus, ...]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,21 +312,21 @@ class Agent:
         if self._drift_thread is not None:
             self._drift_thread.join(timeout)
 
-    def status_document(self, vrrp: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
-        """Return what `GET /status` answers (`nodelb status`): see agent.node.status_document."""
+    def status_document(self) -> dict[str, Any]:
+        """Return what `GET /status` answers (`nodelb status`): agent.node.status_document."""
         st = self.status
-        return status_document(
-            node=self.cfg.node_name,
-            now=time.time(),
-            last_sync={
-                "time": st.last_sync_time,
-                "ok": st.last_sync_ok,
-                "message": st.last_error,
-                "durationSeconds": st.last_sync_duration,
-                "kind": "full" if st.last_sync_full else "partial",
-            },
-            desired=self._last_desired,
-            vrrp=vrrp or (self._announcer.instances() if self._announcer else ()),
+        return to_document(
+            status_document(
+                node=self.cfg.node_name,
+                now=time.time(),
+                last_sync_time=st.last_sync_time,
+                last_sync_ok=st.last_sync_ok,
+                last_sync_message=st.last_error,
+                last_sync_duration=st.last_sync_duration,
+                last_sync_full=st.last_sync_full,
+                desired=self._last_desired,
+                vrrp=self._announcer.instances() if self._announcer else (),
+            )
         )
 
     def _sync(self, outcome: Outcome, *, full: bool, now: float) -> None:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from agent.announce.vrrp.control import InstanceStatus
 from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey
 from agent.model.net import IPAddress, IPFamily, Protocol
 
@@ -78,65 +79,80 @@ def desired_dict(desired: DesiredState) -> dict[str, Any]:
     }
 
 
-def _rfc3339(epoch: float | None) -> str | None:
-    if epoch is None:
-        return None
-    stamp = datetime.fromtimestamp(epoch, UTC)
-    return stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def _utc(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC)
 
 
 def status_document(
     *,
     node: str,
     now: float,
-    last_sync: Mapping[str, Any],
+    last_sync_time: float | None,
+    last_sync_ok: bool | None,
+    last_sync_message: str,
+    last_sync_duration: float,
+    last_sync_full: bool,
     desired: DesiredState | None,
-    vrrp: Sequence[Mapping[str, Any]] = (),
-) -> dict[str, Any]:
-    """Return the `GET /status` document `nodelb status` reads (schema: docs/status.md).
+    vrrp: Sequence[InstanceStatus] = (),
+) -> StatusDocument:
+    """Return the `GET /status` document of an agent (schema above; `to_document` writes it).
 
-    `last_sync` holds `time` (epoch seconds or None), `ok` (None: never synced), `message`,
-    `durationSeconds` and `kind`. Endpoint counts are per frontend: `endpoints` serve traffic
-    from outside, `localEndpoints` are those inside this node's pod CIDRs.
+    `now` and `last_sync_time` are epoch seconds; `last_sync_ok` None means no sync yet (then
+    the time and kind are None). Frontends are sorted by address, port and protocol, each with
+    its endpoint counts: `endpoints` serve traffic from outside, `local_endpoints` are those
+    inside this node's pod CIDRs.
     """
-    ok = last_sync.get("ok")
     frontends = []
     local = desired.local_cidrs if desired else ()
     for key in sorted(desired.frontends if desired else (), key=_frontend_order):
         assert desired is not None
         fe = desired.frontends[key]
         frontends.append(
-            {
-                "ip": str(key.ip),
-                "port": key.port,
-                "protocol": key.protocol.value.upper(),
-                "service": fe.service,
-                "endpoints": len(fe.endpoints),
-                "localEndpoints": sum(1 for e in fe.endpoints if any(e.ip in net for net in local)),
-            }
+            FrontendStatus(
+                ip=key.ip,
+                port=key.port,
+                protocol=key.protocol,
+                service=fe.service,
+                endpoints=len(fe.endpoints),
+                local_endpoints=sum(1 for e in fe.endpoints if any(e.ip in net for net in local)),
+            )
         )
-    return {
-        "node": node,
-        "time": _rfc3339(now),
-        "lastSync": {
-            "time": _rfc3339(last_sync.get("time")),
-            "result": "never" if ok is None else ("ok" if ok else "error"),
-            "message": str(last_sync.get("message") or ""),
-            "durationSeconds": float(last_sync.get("durationSeconds") or 0.0),
-            "kind": None if ok is None else str(last_sync.get("kind") or "full"),
-        },
-        "vrrp": [dict(v) for v in vrrp],
-        "heldIPs": sorted((str(ip) for ip in desired.held_ips) if desired else (), key=_ip_key),
-        "frontends": frontends,
-    }
+    never = last_sync_ok is None
+    return StatusDocument(
+        node=node,
+        time=_utc(now),
+        last_sync=LastSync(
+            time=None if never or last_sync_time is None else _utc(last_sync_time),
+            result=(
+                LastSyncResult.NEVER
+                if never
+                else (LastSyncResult.OK if last_sync_ok else LastSyncResult.ERROR)
+            ),
+            message=last_sync_message,
+            duration_seconds=last_sync_duration,
+            kind=None if never else (SyncKind.FULL if last_sync_full else SyncKind.PARTIAL),
+        ),
+        vrrp=tuple(
+            VrrpInstanceStatus(
+                vrid=i.vrid,
+                family=IPFamily.IPV4 if i.family == 4 else IPFamily.IPV6,
+                state=VrrpState(i.state),
+                priority=i.priority,
+                addresses=i.addresses,
+                master=i.master,
+            )
+            for i in vrrp
+        ),
+        held_ips=tuple(sorted(desired.held_ips, key=_address_order) if desired else ()),
+        frontends=tuple(frontends),
+    )
 
 
 def _frontend_order(key: FrontendKey) -> tuple[int, int, int, str]:
     return (key.ip.version, int(key.ip), key.port, key.protocol.value)
 
 
-def _ip_key(text: str) -> tuple[int, int]:
-    ip = ipaddress.ip_address(text)
+def _address_order(ip: IPAddress) -> tuple[int, int]:
     return (ip.version, int(ip))
 
 

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from agent.announce.inputs import OwnershipInput, ip_uses
+from agent.announce.vrrp.control import InstanceStatus
 from agent.config import AgentConfig, Pool, SyncTiming
 from agent.kube.events import ListSink
 from agent.kube.store import EventType
@@ -24,6 +25,7 @@ from agent.model.service import Service
 from agent.node.cache import new_stores
 from agent.node.cluster_state import Changes
 from agent.node.loop import Agent, ListFns
+from agent.node.status_document import parse_status
 
 
 @dataclass
@@ -174,15 +176,41 @@ def test_drift_is_checked_on_its_period_after_the_first_sync() -> None:
 
 
 def test_the_status_document_names_the_last_sync_and_every_frontend() -> None:
-    agent, dp, _, _ = make_agent()
+    announcer = FakeAnnouncer(
+        speaker=(
+            InstanceStatus(
+                vrid=7,
+                family=4,
+                state="Master",
+                priority=254,
+                addresses=(ipaddress.ip_address("198.18.0.200"),),
+                master=ipaddress.ip_address("198.18.0.11"),
+                adverts_sent=3,
+                adverts_received=0,
+                takeovers=1,
+                transitions=(("Master", 1),),
+            ),
+        )
+    )
+    agent, dp, _, _ = make_agent(announcer=announcer)
     doc = agent.status_document()
     assert doc["lastSync"]["result"] == "never" and doc["frontends"] == []
     feed_services(agent, svc("web"))
     agent.step()
-    doc = agent.status_document(vrrp=[{"vrid": 7}])
+    doc = agent.status_document()
     assert doc["node"] == "node-1"
     assert doc["lastSync"]["result"] == "ok" and doc["lastSync"]["kind"] == "full"
-    assert doc["vrrp"] == [{"vrid": 7}]
+    assert doc["vrrp"] == [
+        {
+            "vrid": 7,
+            "family": "IPv4",
+            "state": "Master",
+            "priority": 254,
+            "addresses": ["198.18.0.200"],
+            "master": "198.18.0.11",
+        }
+    ]
+    assert parse_status(doc).vrrp[0].addresses == (ipaddress.ip_address("198.18.0.200"),)
     assert [(f["ip"], f["port"], f["protocol"], f["service"]) for f in doc["frontends"]] == [
         ("198.18.0.200", 80, "TCP", "ns/web")
     ]
@@ -234,6 +262,7 @@ def test_an_external_ip_follows_its_pool_address_owner_without_touching_others()
 @dataclass
 class FakeAnnouncer:
     inputs: list[OwnershipInput] = field(default_factory=list)
+    speaker: tuple[InstanceStatus, ...] = ()
 
     def submit(self, inp: OwnershipInput, nodes: tuple[Node, ...]) -> None:
         self.inputs.append(inp)
@@ -247,8 +276,8 @@ class FakeAnnouncer:
     def set_reported_sources(self, reported: Any) -> None:
         pass
 
-    def instances(self) -> list[dict[str, Any]]:
-        return []
+    def instances(self) -> tuple[InstanceStatus, ...]:
+        return self.speaker
 
 
 def slice_change(service: str, node: str, addr: str, *, ready: bool = True) -> Any:
