@@ -66,10 +66,7 @@ class Contributions:
 
 
 _IDX = tuple(str(i) for i in range(4096))
-
-
-def _idx(i: int) -> str:
-    return _IDX[i] if i < len(_IDX) else str(i)
+_INDEX_ATOMS = tuple((s,) for s in _IDX)  # a backend element's last key atom, as a 1-tuple
 
 
 def _port(p: int) -> str:
@@ -81,12 +78,12 @@ def _check_port(service: str, what: str, port: int) -> None:
         raise RenderError(service, f"{what} port {port} is outside 1..65535")
 
 
-Backend = tuple[str, int]
-"""An endpoint as nft text: (address text, port)."""
+Backend = tuple[str, str]
+"""An endpoint as nft text: (address, port), which is also a backend map element's value."""
 
 
 def normalize_endpoints(fe: Frontend, eps: tuple[Endpoint, ...]) -> tuple[Backend, ...]:
-    """Return `eps` deduplicated, sorted by (address, port), as (address text, port) pairs.
+    """Return `eps` deduplicated, sorted by (address, port), as (address, port) atom pairs.
 
     Sorting makes the backend index of each endpoint independent of the order the caches
     listed them in. Raises RenderError on an address of the wrong family or a bad port.
@@ -108,8 +105,10 @@ def normalize_endpoints(fe: Frontend, eps: tuple[Endpoint, ...]) -> tuple[Backen
         seen[(int(ip), port)] = ep
     order = sorted(seen)
     if fam_cls is ipaddress.IPv4Address:
-        return tuple([(f"{i >> 24}.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}", p) for i, p in order])
-    return tuple([(str(seen[k].ip), k[1]) for k in order])
+        return tuple(
+            [(f"{i >> 24}.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}", str(p)) for i, p in order]
+        )
+    return tuple([(str(seen[k].ip), str(k[1])) for k in order])
 
 
 def validate(fe: Frontend) -> None:
@@ -174,7 +173,9 @@ def _affinity_units(
             )
         )
         ep_chains.append((set_name, chain))
-    svc = f"{L.AFF_SERVICE}{fam}_{_h(key_text, variant, timeout, masq, *eps)}"
+    # Hashed with integer ports, as these names always were: an upgraded agent keeps them.
+    svc_id = _h(key_text, variant, timeout, masq, *((a, int(p)) for a, p in eps))
+    svc = f"{L.AFF_SERVICE}{fam}_{svc_id}"
     ops = [Op("add", Chain(svc))]
     if masq:
         ops.append(Op("add", Rule(svc, f"meta mark set meta mark | {mark:#x}")))
@@ -217,8 +218,10 @@ class Emitter:
             return Verdict("goto", svc)
         n = len(eps)
         acc.dispatch.add((kind, fam, n))
+        # The endpoint pair is the element's value as it is (Backend is (address, port)).
+        index = _INDEX_ATOMS if n <= len(_INDEX_ATOMS) else tuple((str(i),) for i in range(n))
         acc.elements[L.backend_map(kind, fam, n)].extend(
-            [((*key, _idx(i)), (a, _port(p))) for i, (a, p) in enumerate(eps)]
+            [(key + index[i], ep) for i, ep in enumerate(eps)]
         )
         return Verdict("goto", L.dispatch_chain(kind, fam, n))
 

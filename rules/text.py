@@ -46,7 +46,17 @@ def object_text(op: Op) -> str:
     obj = op.obj
     add = op.verb == "add"
     if isinstance(obj, Elements):
-        return f"element {_T} {obj.set} {{ {', '.join(map(item_text, obj.items))} }}"
+        # Inline rather than item_text per element: a full table prints ~100k of them.
+        dot = " . ".join
+        body = ", ".join(
+            [
+                dot(k)
+                if v is None
+                else dot(k) + " : " + (dot(v) if isinstance(v, tuple) else v.text())
+                for k, v in obj.items
+            ]
+        )
+        return f"element {_T} {obj.set} {{ {body} }}"
     if isinstance(obj, Rule):
         return f"rule {_T} {obj.chain} {obj.expr}"
     if isinstance(obj, Chain):
