@@ -29,6 +29,7 @@ from agent.dataplane.conntrack import ToolConntrackRunner
 from agent.dataplane.libnft import LibNftRunner
 from agent.dataplane.netlink import NetlinkElementSender
 from agent.dataplane.netlink_dump import NetlinkTableReader
+from agent.dataplane.tamper import TamperGuard
 from agent.http_server import HealthServer
 from agent.kube.client import api_client
 from agent.kube.event_sender import KubeEventSink
@@ -115,6 +116,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
         elements=NetlinkElementSender.open(),
         readback=NetlinkTableReader(NetlinkElementSender.open()),
     )
+    # Someone else's write to the table is undone from the mirror at once (change
+    # notifications), not at the next drift check.
+    guard = TamperGuard(dataplane)
     health_ports = HealthCheckServers() if cfg.health_check_node_ports else None
     lists = list_fns(api)
     announcer, reporter = None, None
@@ -149,7 +153,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     loop = threading.Thread(target=agent.run, args=(stop,), name="agent", daemon=True)
     helpers = [
         threading.Thread(target=runner.run, args=(stop,), name=name, daemon=True)
-        for name, runner in (("announcer", announcer), ("reporter", reporter))
+        for name, runner in (("announcer", announcer), ("reporter", reporter), ("tamper", guard))
         if runner is not None
     ]
     health = HealthServer(

@@ -35,7 +35,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -51,7 +51,7 @@ from rules.netlink import ElementBatch, FullSplit, element_ops, ops_summary, spl
 from rules.plan import RenderError
 from rules.readback import Snapshot, expected, from_json, kernel_objects
 from rules.render import KernelObjects, objects_after, render, render_cleanup
-from rules.transaction import Transaction
+from rules.transaction import Rule, Transaction
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,11 @@ class TableReader(Protocol):
         """Return the table's objects, None when there is no table. Raises NftError."""
         ...
 
+    def rule_prints(self) -> Mapping[str, tuple[str, ...]]:
+        """Return each chain's rules as fingerprints of what the kernel holds, in order
+        (netlink_dump.rule_print). Raises NftError."""
+        ...
+
 
 class Dataplane:
     """Applies DesiredState through an NftRunner; see the module docstring for the contract.
@@ -164,6 +169,15 @@ class Dataplane:
         self._kernel_known = False
         self._replace_next = False  # after drift or a refused full sync: replace the table
         self._lock = threading.RLock()
+        # Threads that committed transactions (native ids), so a change notification of ours
+        # is told apart from someone else's (agent/dataplane/tamper.py). Bounded: the agent
+        # commits from a handful of long-lived threads.
+        self._committers: dict[int, None] = {}
+        # The chains' rules as the kernel held them after our last transaction that wrote
+        # rules (None: unknown). The mirror says which rules must be there, but only the
+        # kernel can say how it compiled them, so the drift check compares content with this
+        # (a rule replaced in place keeps the count the Snapshot compares).
+        self._prints: Mapping[str, tuple[str, ...]] | None = None
 
     # -- state -------------------------------------------------------------------------------
 
@@ -263,6 +277,8 @@ class Dataplane:
             self._kernel = objects_after(self._kernel, tx)
             if mode is SyncMode.FULL:
                 self._replace_next = False
+            if mode is SyncMode.FULL or any(isinstance(op.obj, Rule) for op in tx.ops):
+                self._prints = self._read_prints()
             added, deleted = tx.element_count()
             self._elements = added if mode is SyncMode.FULL else self._elements + added - deleted
             metrics.SYNC_DURATION.labels(mode=mode.value).observe(duration)
@@ -273,10 +289,22 @@ class Dataplane:
                 SyncOutcome.APPLIED, mode, duration, len(tx.ops), conntrack_deleted=cleared
             )
 
+    def committed_from(self, tid: int) -> bool:
+        """Return True when thread `tid` (a native thread id) sent one of our transactions."""
+        return tid in self._committers
+
+    def _note_committer(self) -> None:
+        tid = threading.get_native_id()
+        if tid not in self._committers:
+            if len(self._committers) >= 64:
+                del self._committers[next(iter(self._committers))]
+            self._committers[tid] = None
+
     def _send(self, tx: Transaction, mode: SyncMode, desired: DesiredState) -> None:
         """Apply `tx`: element-only partial syncs as a netlink batch when an ElementSender is
         set (netlink.py: no libnftables cache fetch), everything else, and a batch the
         kernel refused, through the runner. Raises NftError if the runner refuses."""
+        self._note_committer()
         if mode is SyncMode.FULL and self._fast is not None:
             split = split_full(tx)
             if split is not None:
@@ -398,6 +426,8 @@ class Dataplane:
         del want, have
         release_memory()  # the read-back's objects are gone: give their pages back
         if not diffs:
+            diffs = self._rule_differences()
+        if not diffs:
             return False
         with self._lock:
             if self._applied != applied:
@@ -412,6 +442,33 @@ class Dataplane:
             self.sync(mirror, full=True)
             return True
 
+    def _read_prints(self) -> Mapping[str, tuple[str, ...]] | None:
+        """Return the kernel's rule fingerprints now, None without a netlink reader or when
+        they cannot be read (the next drift check then compares counts only)."""
+        if self._readback is None:
+            return None
+        try:
+            return self._readback.rule_prints()
+        except NftError as exc:
+            log.warning("cannot read the rules back for the drift check: %s", exc)
+            return None
+
+    def _rule_differences(self) -> list[str]:
+        """Return one line per chain whose rules differ from what our last rule-writing
+        transaction left (empty when they agree, or when that is unknown)."""
+        with self._lock:
+            prints = self._prints
+        if prints is None:
+            return []
+        now = self._read_prints()
+        if now is None:
+            return []
+        return [
+            f"chain {name}: its rules were changed in place"
+            for name in sorted(prints.keys() & now.keys())
+            if prints[name] != now[name]
+        ]
+
     def _read_table(self) -> Snapshot:
         """Return what the kernel's table holds: over netlink when a reader is wired (cheap),
         else through libnftables' JSON listing. Raises NftError."""
@@ -425,6 +482,25 @@ class Dataplane:
             return kernel_objects(self._runner.list_declarations(L.TABLE_FAMILY, L.TABLE_NAME))
         return self._readback.objects()
 
+    def repair(self) -> bool:
+        """Replace the table with the mirror's now, because someone else changed it; return
+        True when the kernel took the repair (False: nothing applied yet, or refused, and the
+        next sync is a full one).
+
+        Called when a change notification shows a foreign write (agent/dataplane/tamper.py):
+        what was changed is unknown (a rule replaced in place has the same count), so nothing
+        is compared; the whole table is rewritten by the replacing shape, which also rebuilds
+        the dispatch chains an in-place rewrite keeps as they are.
+        """
+        with self._lock:
+            mirror = self._mirror
+            if mirror is None:
+                return False
+            self._replace_next = True
+            self._kernel_known = False
+            self._full_pending = True
+            return self.sync(mirror, full=True).ok
+
     # -- cleanup -----------------------------------------------------------------------------
 
     def cleanup(self) -> None:
@@ -433,6 +509,7 @@ class Dataplane:
         Raises NftError if the kernel refuses (it does not when the table is already absent).
         """
         with self._lock:
+            self._note_committer()
             self._runner.run(render_cleanup())
             self._applied += 1
             self._mirror = None
@@ -441,5 +518,6 @@ class Dataplane:
             self._elements = 0
             self._kernel = None
             self._kernel_known = True
+            self._prints = None
             metrics.PROGRAMMED_FRONTENDS.set(0)
             metrics.PROGRAMMED_MAP_ELEMENTS.set(0)

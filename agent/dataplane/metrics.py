@@ -52,3 +52,17 @@ CONNTRACK_FAILURES = Counter(
     "nodelb_conntrack_delete_failures_total",
     "conntrack deletions that failed.",
 )
+NFT_FOREIGN_CHANGES = Counter(
+    "nodelb_nft_foreign_changes_total",
+    "Batches another process committed to the nodelb table, by kind of object changed.",
+    ["object"],
+)
+NFT_TAMPER_REPAIRS = Counter(
+    "nodelb_nft_tamper_repairs_total",
+    "Rewrites of the nodelb table from the mirror after a foreign change, by result.",
+    ["result"],
+)
+NFT_MONITOR_OVERRUNS = Counter(
+    "nodelb_nft_monitor_overruns_total",
+    "Times the kernel dropped nodelb table notifications (a drift check follows).",
+)

@@ -28,7 +28,9 @@ Dataplane is given.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
+import re
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol, TypeVar
@@ -75,6 +77,7 @@ NFTA_HOOK_HOOKNUM = 1
 NFTA_HOOK_PRIORITY = 2
 NFTA_RULE_TABLE = 1
 NFTA_RULE_CHAIN = 2
+NFTA_RULE_EXPRESSIONS = 4
 NFTA_SET_TABLE = 1
 NFTA_SET_NAME = 2
 NFTA_SET_FLAGS = 3
@@ -330,6 +333,30 @@ def read_snapshot(dumper: Dumper) -> Snapshot:
     return Snapshot(present=True, sets=sets, chains=chains)
 
 
+_ANONYMOUS_SET = re.compile(rb"__set\d+\x00")
+
+
+def rule_print(expressions: bytes) -> str:
+    """Return a fingerprint of a rule's expressions as the kernel holds them.
+
+    The rule's handle and position are other attributes and do not count; the names the
+    kernel gives anonymous sets (`__set0`, `__set7`) change whenever a table is rewritten and
+    are blanked. Two rules print the same exactly when they do the same.
+    """
+    return hashlib.blake2b(_ANONYMOUS_SET.sub(b"__set\x00", expressions), digest_size=8).hexdigest()
+
+
+def read_rule_prints(dumper: Dumper) -> dict[str, tuple[str, ...]]:
+    """Return every chain's rules as fingerprints (`rule_print`), in order, by chain name
+    (chains without rules are absent). Raises NftError (from the dumper) or DecodeError."""
+    out: dict[str, list[str]] = {}
+    for body in dumper.dump(NFT_MSG_GETRULE, _table_filter(NFTA_RULE_TABLE)):
+        attrs = _message_attrs(body)
+        name = _string(attrs[NFTA_RULE_CHAIN])
+        out.setdefault(name, []).append(rule_print(attrs.get(NFTA_RULE_EXPRESSIONS, b"")))
+    return {name: tuple(prints) for name, prints in out.items()}
+
+
 class NetlinkTableReader:
     """Reads the nodelb table over one netlink socket (the Dataplane's `readback`); a reply
     it cannot decode raises NftError, like a dump the kernel refuses."""
@@ -344,6 +371,10 @@ class NetlinkTableReader:
     def objects(self) -> KernelObjects | None:
         """Return the table's objects for a full render (see `read_objects`)."""
         return self._decoded(read_objects)
+
+    def rule_prints(self) -> dict[str, tuple[str, ...]]:
+        """Return every chain's rule fingerprints (see `read_rule_prints`)."""
+        return self._decoded(read_rule_prints)
 
     def _decoded(self, read: Callable[[Dumper], T]) -> T:
         try:

@@ -560,3 +560,51 @@ def test_a_drift_check_over_netlink_finds_and_repairs_tampering(pair: tuple[Side
     assert dp.check_drift() is True
     assert not expected(BASE).differences(nft_dump.read_snapshot(s.sender))
     assert dp.check_drift() is False
+
+
+def _rule_handle(s: Side, chain: str, needle: str) -> str:
+    """Return the handle of the first rule of `chain` whose listing contains `needle`."""
+    for line in s.nft("-a", "list", "chain", *_T, chain).splitlines():
+        if needle in line and "# handle" in line:
+            return line.rsplit("# handle", 1)[1].strip()
+    raise AssertionError(f"no rule with {needle!r} in {chain}")
+
+
+@pytest.mark.parametrize(
+    ("chain", "needle", "replacement"),
+    [
+        pytest.param("ep4_2", "dnat", "drop", id="a dispatch chain's DNAT replaced by a drop"),
+        pytest.param(
+            L.FILTER_PREROUTING,
+            'iifname "lo" return',
+            'iifname "lo0" return',
+            id="a base chain's rule replaced by a look-alike",
+        ),
+    ],
+)
+def test_a_rule_replaced_in_place_is_drift_with_the_same_rule_count(
+    pair: tuple[Side, Side], chain: str, needle: str, replacement: str
+) -> None:
+    """The Snapshot compares rule counts; the rules' fingerprints catch a same-count change."""
+    _, s = pair
+    dp = Dataplane(s.runner, elements=s.sender, readback=nft_dump.NetlinkTableReader(s.sender))
+    assert dp.sync(BASE).ok
+    before = nft_dump.read_rule_prints(s.sender)
+    assert dp.check_drift() is False
+    s.nft("replace", "rule", *_T, chain, "handle", _rule_handle(s, chain, needle), replacement)
+    assert not expected(BASE).differences(nft_dump.read_snapshot(s.sender)), "same counts"
+    assert nft_dump.read_rule_prints(s.sender)[chain] != before[chain]
+    assert dp.check_drift() is True
+    assert nft_dump.read_rule_prints(s.sender) == before, "repaired to what the agent wrote"
+    assert dp.check_drift() is False
+
+
+def test_rule_prints_ignore_handles_and_anonymous_set_names(pair: tuple[Side, Side]) -> None:
+    """A table rewritten by the agent prints the same though every handle and anonymous set
+    name changed (a replacing full sync), so no false drift follows a repair."""
+    _, s = pair
+    s.runner.run(render(BASE))
+    first = nft_dump.read_rule_prints(s.sender)
+    s.runner.run(render(BASE, replace=True))
+    s.runner.run(render(BASE, replace=True))
+    assert nft_dump.read_rule_prints(s.sender) == first
