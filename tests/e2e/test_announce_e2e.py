@@ -298,7 +298,7 @@ def agent_metric(cluster: ClusterLab, node: str, name: str, **labels: str) -> fl
     return metric(body, name, **labels)
 
 
-def test_agent_metrics_move_with_syncs_refusals_nft_failures_and_takeovers(
+def test_agent_metrics_move_with_syncs_refusals_tampering_and_takeovers(
     cluster: ClusterLab, web: tuple[IPAddress, IPAddress]
 ) -> None:
     node = "node-1"
@@ -319,9 +319,10 @@ def test_agent_metrics_move_with_syncs_refusals_nft_failures_and_takeovers(
             "the refused externalIP counted",
         )
 
-        # An element removed behind the agent's back makes its next delta fail (ENOENT): the
-        # failure is counted and a full sync repairs the table.
-        failures = agent_metric(cluster, node, "nodelb_nft_transaction_failures_total")
+        # An element removed behind the agent's back is a foreign change: counted, and the
+        # table is rewritten from the agent's mirror without waiting for a drift check.
+        foreign = agent_metric(cluster, node, "nodelb_nft_foreign_changes_total", object="element")
+        repairs = agent_metric(cluster, node, "nodelb_nft_tamper_repairs_total", result="ok")
         keys = frontend_keys(cluster.nodelb_table(node))
         holder_map = next(name for name, ks in keys.items() if (ip, 6, 80) in ks)
         node_ns = cluster.lab.node(node).ns
@@ -339,13 +340,19 @@ def test_agent_metrics_move_with_syncs_refusals_nft_failures_and_takeovers(
                 "}",
             ],
         )
-        cluster.delete_service("m")
         wait_until(
-            lambda: agent_metric(cluster, node, "nodelb_nft_transaction_failures_total") > failures,
+            lambda: (
+                agent_metric(cluster, node, "nodelb_nft_foreign_changes_total", object="element")
+                > foreign
+                and agent_metric(cluster, node, "nodelb_nft_tamper_repairs_total", result="ok")
+                > repairs
+            ),
             CONVERGE,
-            "the refused transaction counted",
+            "the foreign change counted and repaired",
         )
-        wait_until(lambda: not cluster.has_rule(node, str(ip), 80), CONVERGE, "the table repaired")
+        wait_until(lambda: cluster.has_rule(node, str(ip), 80), CONVERGE, "the element back")
+        cluster.delete_service("m")
+        wait_until(lambda: not cluster.has_rule(node, str(ip), 80), CONVERGE, "the rule removed")
     finally:
         for name in ("m", "ext"):
             with contextlib.suppress(ApiException):
