@@ -465,26 +465,71 @@ def encode_batch(ops: Iterable[ElementOp], seq: int) -> Batch:
     return Batch(b"".join(parts), seq, tuple(acked))
 
 
+class DecodeError(ValueError):
+    """Netlink data that does not decode: a truncated message or attribute."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One netlink message: its header fields and its body (after the 16-byte header)."""
+
+    type: int
+    flags: int
+    seq: int
+    portid: int
+    body: bytes
+
+
+def messages(data: bytes) -> Iterator[Message]:
+    """Yield the netlink messages in one datagram, in order.
+
+    Raises DecodeError on a truncated message and on trailing bytes after the last one (the
+    last message may lack its padding).
+    """
+    off = 0
+    while off + 16 <= len(data):
+        length, kind, flags, seq, portid = struct.unpack_from("=IHHII", data, off)
+        if length < 16 or off + length > len(data):
+            raise DecodeError(f"truncated netlink message at {off}: length {length}")
+        yield Message(kind, flags, seq, portid, data[off + 16 : off + length])
+        off += min((length + 3) & ~3, len(data) - off)
+    if off != len(data):
+        raise DecodeError(f"{len(data) - off} trailing bytes after the last netlink message")
+
+
+def attribute_list(data: bytes, offset: int = 0) -> Iterator[tuple[int, bytes]]:
+    """Yield (type, payload) of each attribute in `data` from `offset`, in order (the nested
+    and byte-order flags masked off). Raises DecodeError on a truncated attribute."""
+    off = offset
+    while off + 4 <= len(data):
+        length, kind = struct.unpack_from("=HH", data, off)
+        if length < 4 or off + length > len(data):
+            raise DecodeError(f"truncated attribute at {off}: length {length}")
+        yield kind & 0x3FFF, data[off + 4 : off + length]
+        off += (length + 3) & ~3
+
+
+def attributes(data: bytes, offset: int = 0) -> dict[int, bytes]:
+    """Return the attributes in `data` from `offset` by type (the last of a type wins)."""
+    return dict(attribute_list(data, offset))
+
+
+def error_code(message: Message) -> int:
+    """Return the errno an NLMSG_ERROR or NLMSG_DONE message carries (0: an ack, or done).
+    Raises DecodeError when an NLMSG_ERROR is too short to carry one."""
+    if len(message.body) < 4:
+        if message.type == NLMSG_ERROR:
+            raise DecodeError("truncated NLMSG_ERROR")
+        return 0
+    return -int(struct.unpack_from("=i", message.body, 0)[0])
+
+
 def decode_acks(data: bytes) -> list[tuple[int, int]]:
     """Return (sequence number, errno) of every NLMSG_ERROR message in `data` (0 = ack).
 
-    Other message types are skipped. Raises ValueError on a truncated message.
+    Other message types are skipped. Raises DecodeError (a ValueError) on a truncated message.
     """
-    out: list[tuple[int, int]] = []
-    off = 0
-    while off + 16 <= len(data):
-        length, kind, _flags, seq, _pid = struct.unpack_from("=IHHII", data, off)
-        if length < 16 or off + length > len(data):
-            raise ValueError(f"truncated netlink message at {off}: length {length}")
-        if kind == NLMSG_ERROR:
-            if length < 20:
-                raise ValueError(f"truncated NLMSG_ERROR at {off}")
-            (error,) = struct.unpack_from("=i", data, off + 16)
-            out.append((seq, -error))
-        off += min((length + 3) & ~3, len(data) - off)  # the last one may lack its padding
-    if off != len(data):
-        raise ValueError(f"{len(data) - off} trailing bytes after the last netlink message")
-    return out
+    return [(m.seq, error_code(m)) for m in messages(data) if m.type == NLMSG_ERROR]
 
 
 def ops_summary(ops: Iterable[ElementOp]) -> str:

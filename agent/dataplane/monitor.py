@@ -21,11 +21,17 @@ import contextlib
 import errno
 import socket
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from rules import layout as L
-from rules.netlink import NETLINK_NETFILTER, NFNL_SUBSYS_NFTABLES
+from rules.netlink import (
+    NETLINK_NETFILTER,
+    NFNL_SUBSYS_NFTABLES,
+    attribute_list,
+    attributes,
+    messages,
+)
 
 NFNLGRP_NFTABLES = 7
 NFT_MSG_NEWGEN = 15
@@ -74,20 +80,6 @@ class Notification:
     process: str = ""
 
 
-class MonitorDecodeError(ValueError):
-    """A notification buffer did not decode (a truncated message or attribute)."""
-
-
-def _attributes(body: bytes, offset: int) -> Iterator[tuple[int, bytes]]:
-    off = offset
-    while off + 4 <= len(body):
-        length, kind = struct.unpack_from("=HH", body, off)
-        if length < 4 or off + length > len(body):
-            raise MonitorDecodeError(f"truncated attribute at {off}: length {length}")
-        yield kind & 0x3FFF, body[off + 4 : off + length]
-        off += (length + 3) & ~3
-
-
 def _u32(raw: bytes | None) -> int:
     return int(struct.unpack("!I", raw)[0]) if raw is not None and len(raw) >= 4 else 0
 
@@ -97,28 +89,18 @@ def notifications(data: bytes) -> list[Notification]:
 
     Messages of other subsystems, and object kinds nodelb does not track, are skipped; only the
     first attribute of an object message is read (its table), so a flood of element
-    notifications costs little. Raises MonitorDecodeError on a truncated message.
+    notifications costs little. Raises DecodeError (rules.netlink) on a truncated message.
     """
     out: list[Notification] = []
-    off = 0
-    while off + 16 <= len(data):
-        length, mtype, _flags, _seq, _portid = struct.unpack_from("=IHHII", data, off)
-        if length < 16 or off + length > len(data):
-            raise MonitorDecodeError(f"truncated netlink message at {off}: length {length}")
-        body = data[off + 16 : off + length]
-        off += (length + 3) & ~3
-        if mtype >> 8 != NFNL_SUBSYS_NFTABLES or len(body) < 4:
+    for m in messages(data):
+        if m.type >> 8 != NFNL_SUBSYS_NFTABLES or len(m.body) < 4:
             continue
-        msg = mtype & 0xFF
-        family = body[0]
+        msg = m.type & 0xFF
+        family = m.body[0]
         if msg == NFT_MSG_NEWGEN:
-            attrs = dict(_attributes(body, 4))
-            gen = struct.unpack("!I", attrs[NFTA_GEN_ID])[0] if NFTA_GEN_ID in attrs else 0
-            pid = (
-                struct.unpack("!I", attrs[NFTA_GEN_PROC_PID])[0]
-                if NFTA_GEN_PROC_PID in attrs
-                else 0
-            )
+            attrs = attributes(m.body, 4)
+            gen = _u32(attrs.get(NFTA_GEN_ID))
+            pid = _u32(attrs.get(NFTA_GEN_PROC_PID))
             name = attrs.get(NFTA_GEN_PROC_NAME, b"").rstrip(b"\0").decode(errors="replace")
             out.append(Notification("generation", generation=gen, pid=pid, process=name))
             continue
@@ -126,7 +108,7 @@ def notifications(data: bytes) -> list[Notification]:
         if kind is None:
             continue
         table = ""
-        for atype, payload in _attributes(body, 4):
+        for atype, payload in attribute_list(m.body, 4):
             if atype == NFTA_TABLE_NAME:
                 table = payload.rstrip(b"\0").decode(errors="replace")
             break

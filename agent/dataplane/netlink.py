@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import struct
 import threading
 from collections.abc import Iterable
 from typing import Protocol
@@ -35,7 +34,9 @@ from rules.netlink import (
     Unsupported,
     decode_acks,
     encode_batch,
+    error_code,
     message,
+    messages,
 )
 
 
@@ -131,24 +132,17 @@ class NetlinkElementSender:
     def _replies(self, seq: int) -> list[bytes]:
         out: list[bytes] = []
         while True:
-            data = self._sock.recv(1 << 17)
-            off = 0
-            while off + 16 <= len(data):
-                length, kind, _flags, rseq, _pid = struct.unpack_from("=IHHII", data, off)
-                if length < 16 or off + length > len(data):
-                    raise ValueError(f"truncated netlink message at {off}: length {length}")
-                body = data[off + 16 : off + length]
-                off += (length + 3) & ~3
-                if rseq != seq:
+            for reply in messages(self._sock.recv(1 << 17)):
+                if reply.seq != seq:
                     continue  # a late answer to an earlier request
-                if kind in (NLMSG_DONE, NLMSG_ERROR):
-                    (error,) = struct.unpack_from("=i", body, 0) if len(body) >= 4 else (0,)
+                if reply.type in (NLMSG_DONE, NLMSG_ERROR):
+                    error = error_code(reply)
                     if error:
-                        raise NftError(f"kernel refused the dump: {os.strerror(-error)}")
-                    if kind == NLMSG_DONE:
+                        raise NftError(f"kernel refused the dump: {os.strerror(error)}")
+                    if reply.type == NLMSG_DONE:
                         return out
                     continue
-                out.append(body)
+                out.append(reply.body)
 
     def _fit(self, size: int) -> None:
         """Grow the send buffer so that one sendmsg carries `size` bytes (a whole batch must:

@@ -51,8 +51,11 @@ from rules.netlink import (
     NFTA_VERDICT_CODE,
     PROTOCOLS,
     VERDICT_CODES,
+    DecodeError,
     Field,
     SetShape,
+    attribute_list,
+    attributes,
     nla,
     set_shape,
 )
@@ -100,30 +103,7 @@ class Dumper(Protocol):
     def dump(self, msg_type: int, attrs: bytes) -> list[bytes]: ...
 
 
-class DecodeError(ValueError):
-    """A reply the decoder cannot read (the drift check fails; nothing is repaired)."""
-
-
 # -- attributes ------------------------------------------------------------------------------
-
-
-def attributes(data: bytes, offset: int = 0) -> dict[int, bytes]:
-    """Return the attributes in `data` from `offset` by type (flags masked; the last wins)."""
-    out: dict[int, bytes] = {}
-    for kind, payload in attribute_list(data, offset):
-        out[kind] = payload
-    return out
-
-
-def attribute_list(data: bytes, offset: int = 0) -> Iterator[tuple[int, bytes]]:
-    """Yield (type, payload) of each attribute in `data` from `offset`, in order."""
-    off = offset
-    while off + 4 <= len(data):
-        length, kind = struct.unpack_from("=HH", data, off)
-        if length < 4 or off + length > len(data):
-            raise DecodeError(f"truncated attribute at {off}: length {length}")
-        yield kind & 0x3FFF, data[off + 4 : off + length]
-        off += (length + 3) & ~3
 
 
 def _string(raw: bytes) -> str:

@@ -20,7 +20,7 @@ from tests.unit.rules_states import desired_states
 
 def _payload(list_elem: bytes) -> bytes:
     """The inside of one NFTA_LIST_ELEM attribute (what a dump reply nests)."""
-    ((kind, payload),) = list(nft_dump.attribute_list(list_elem))
+    ((kind, payload),) = list(nftnl.attribute_list(list_elem))
     assert kind == nftnl.NFTA_LIST_ELEM
     return payload
 
@@ -83,7 +83,7 @@ def test_a_key_of_the_wrong_length_is_a_decode_error() -> None:
     elem = nftnl.nla(
         nftnl.NFTA_SET_ELEM_KEY, nftnl.nla(nftnl.NFTA_DATA_VALUE, b"\x01\x02\x03"), nested=True
     )
-    with pytest.raises(nft_dump.DecodeError, match="too short"):
+    with pytest.raises(nftnl.DecodeError, match="too short"):
         nft_dump.decode_element(shape, elem)
 
 

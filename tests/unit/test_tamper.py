@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from agent.dataplane.monitor import (
     Generation,
     GenerationTracker,
-    MonitorDecodeError,
     Notification,
     notifications,
 )
@@ -27,7 +26,7 @@ from agent.dataplane.tamper import (
     next_wakeup,
     observe,
 )
-from rules.netlink import nla
+from rules.netlink import DecodeError, nla
 
 
 def message(msg: int, attrs: bytes, *, family: int = 1, subsys: int = 10) -> bytes:
@@ -94,7 +93,7 @@ def test_other_subsystems_and_untracked_messages_are_skipped() -> None:
 
 def test_a_truncated_message_is_a_decode_error() -> None:
     data = DELSETELEM + newgen(5, 1, "nft")
-    with pytest.raises(MonitorDecodeError, match="truncated"):
+    with pytest.raises(DecodeError, match="truncated"):
         notifications(data[:-6])
 
 
@@ -102,7 +101,7 @@ def test_a_truncated_message_is_a_decode_error() -> None:
 def test_decoding_raises_only_its_own_error(data: bytes) -> None:
     try:
         got = notifications(data)
-    except MonitorDecodeError:
+    except DecodeError:
         return
     assert all(isinstance(n, Notification) for n in got)
 
