@@ -28,9 +28,8 @@ from rules import layout as L
 from rules.netlink import (
     NETLINK_NETFILTER,
     NFNL_SUBSYS_NFTABLES,
-    attribute_list,
+    DecodeError,
     attributes,
-    messages,
 )
 
 NFNLGRP_NFTABLES = 7
@@ -64,6 +63,7 @@ MESSAGE_NAMES: dict[int, str] = {
 """NFT_MSG_NEW*/DEL* message types of nf_tables.h, by the kind of object they carry."""
 
 _CREATING = frozenset({0, 3, 6, 9, 12, 18, 22})  # the NEW* ones
+_INET = 1  # NFPROTO_INET
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,36 +84,49 @@ def _u32(raw: bytes | None) -> int:
     return int(struct.unpack("!I", raw)[0]) if raw is not None and len(raw) >= 4 else 0
 
 
-def notifications(data: bytes) -> list[Notification]:
-    """Return the nf_tables notifications in one datagram read from the monitor socket.
+_TABLE_ATTR = struct.Struct("=HH")
+_HEADER = struct.Struct("=IH")
+_OUR_TABLE = L.TABLE_NAME.encode() + b"\0"
 
-    Messages of other subsystems, and object kinds nodelb does not track, are skipped; only the
-    first attribute of an object message is read (its table), so a flood of element
-    notifications costs little. Raises DecodeError (rules.netlink) on a truncated message.
+
+def notifications(data: bytes | memoryview) -> list[Notification]:
+    """Return the notifications in one datagram that matter here: every generation (the end
+    of a batch), and the object changes in the inet nodelb table.
+
+    Everything else (other subsystems, other tables such as kube-proxy's, object kinds nodelb
+    does not track) is skipped after reading two header fields and the first attribute, with
+    no allocation: kube-proxy's full sync at 10k Services sends ~200k notifications, and ours
+    one per element. Raises DecodeError (rules.netlink) on a truncated message.
     """
     out: list[Notification] = []
-    for m in messages(data):
-        if m.type >> 8 != NFNL_SUBSYS_NFTABLES or len(m.body) < 4:
-            continue
-        msg = m.type & 0xFF
-        family = m.body[0]
-        if msg == NFT_MSG_NEWGEN:
-            attrs = attributes(m.body, 4)
-            gen = _u32(attrs.get(NFTA_GEN_ID))
-            pid = _u32(attrs.get(NFTA_GEN_PROC_PID))
-            name = attrs.get(NFTA_GEN_PROC_NAME, b"").rstrip(b"\0").decode(errors="replace")
-            out.append(Notification("generation", generation=gen, pid=pid, process=name))
-            continue
-        kind = MESSAGE_NAMES.get(msg)
-        if kind is None:
-            continue
-        table = ""
-        for atype, payload in attribute_list(m.body, 4):
-            if atype == NFTA_TABLE_NAME:
-                table = payload.rstrip(b"\0").decode(errors="replace")
-            break
-        out.append(Notification(kind, msg in _CREATING, family, table))
+    off, end = 0, len(data)
+    while off + 16 <= end:
+        length, mtype = _HEADER.unpack_from(data, off)
+        if length < 16 or off + length > end:
+            raise DecodeError(f"truncated netlink message at {off}: length {length}")
+        if mtype >> 8 == NFNL_SUBSYS_NFTABLES and length >= 20:
+            msg = mtype & 0xFF
+            if msg == NFT_MSG_NEWGEN:
+                out.append(_generation(bytes(data[off + 16 : off + length])))
+            elif msg in MESSAGE_NAMES and data[off + 16] == _INET and length >= 24:
+                alen, atype = _TABLE_ATTR.unpack_from(data, off + 20)
+                if alen < 4 or off + 20 + alen > off + length:
+                    raise DecodeError(f"truncated attribute at {off + 20}: length {alen}")
+                name = data[off + 24 : off + 20 + alen]
+                if atype & 0x3FFF == NFTA_TABLE_NAME and name == _OUR_TABLE:
+                    out.append(
+                        Notification(MESSAGE_NAMES[msg], msg in _CREATING, _INET, L.TABLE_NAME)
+                    )
+        off += min((length + 3) & ~3, end - off)
     return out
+
+
+def _generation(body: bytes) -> Notification:
+    attrs = attributes(body, 4)
+    gen = _u32(attrs.get(NFTA_GEN_ID))
+    pid = _u32(attrs.get(NFTA_GEN_PROC_PID))
+    name = attrs.get(NFTA_GEN_PROC_NAME, b"").rstrip(b"\0").decode(errors="replace")
+    return Notification("generation", generation=gen, pid=pid, process=name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +142,6 @@ class Generation:
 
 def _ours(n: Notification) -> bool:
     return n.table == L.TABLE_NAME and n.family == _INET
-
-
-_INET = 1  # NFPROTO_INET
 
 
 class GenerationTracker:
@@ -175,6 +185,8 @@ class TableMonitor:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._tracker = GenerationTracker()
+        self._buffer = bytearray(1 << 20)
+        self._view = memoryview(self._buffer)
 
     @classmethod
     def open(cls) -> TableMonitor:
@@ -191,33 +203,29 @@ class TableMonitor:
 
     def read(self, timeout: float) -> list[Generation]:
         """Return the batches touching nodelb that ended in what arrived within `timeout` s
-        (empty when nothing did). Raises Overrun after the kernel dropped notifications."""
+        (empty when nothing did). Raises Overrun after the kernel dropped notifications.
+
+        Datagrams are read into one buffer the monitor keeps: a flood of notifications must
+        not allocate a megabyte per datagram (the allocator kept what it freed: +25 MB RSS on
+        a 10k-Service node with kube-proxy beside it).
+        """
         self._sock.settimeout(timeout)
         out: list[Generation] = []
         try:
-            data = self._sock.recv(1 << 20)
-        except TimeoutError:
+            size = self._sock.recv_into(self._buffer)
+            self._sock.setblocking(False)
+            while True:
+                out.extend(self._fold(self._view[:size]))
+                size = self._sock.recv_into(self._buffer)
+        except (TimeoutError, BlockingIOError):
             return out
         except OSError as exc:
             if exc.errno == errno.ENOBUFS:
                 self._tracker.reset()
                 raise Overrun from exc
             raise
-        self._sock.setblocking(False)
-        try:
-            while True:
-                out.extend(self._fold(data))
-                data = self._sock.recv(1 << 20)
-        except BlockingIOError:
-            pass
-        except OSError as exc:
-            if exc.errno == errno.ENOBUFS:
-                self._tracker.reset()
-                raise Overrun from exc
-            raise
-        return out
 
-    def _fold(self, data: bytes) -> Iterable[Generation]:
+    def _fold(self, data: memoryview) -> Iterable[Generation]:
         for n in notifications(data):
             gen = self._tracker.feed(n)
             if gen is not None:

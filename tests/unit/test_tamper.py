@@ -91,6 +91,15 @@ def test_other_subsystems_and_untracked_messages_are_skipped() -> None:
     assert notifications(message(16, table_attr("nodelb"))) == []  # GETGEN: not a change
 
 
+def test_changes_in_other_tables_or_families_are_skipped_while_decoding() -> None:
+    kube_proxy = message(12, table_attr("kube-proxy"))
+    ip_family_nodelb = message(12, table_attr("nodelb"), family=2)  # `ip nodelb`, not ours
+    prefix_of_ours = message(12, table_attr("nodelb2"))
+    assert notifications(kube_proxy + ip_family_nodelb + prefix_of_ours) == []
+    got = notifications(memoryview(kube_proxy + DELSETELEM))
+    assert got == [Notification("element", created=False, family=1, table="nodelb")]
+
+
 def test_a_truncated_message_is_a_decode_error() -> None:
     data = DELSETELEM + newgen(5, 1, "nft")
     with pytest.raises(DecodeError, match="truncated"):
