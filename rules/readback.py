@@ -23,7 +23,6 @@ import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from agent.model.desired_state import DesiredState
@@ -82,7 +81,6 @@ ABSENT = Snapshot(present=False)
 """The snapshot of a namespace with no nodelb table."""
 
 
-@lru_cache(maxsize=65536)
 def _canon_atom(atom: str) -> str:
     """Return the canonical text of one element atom (address, prefix, or anything else)."""
     if "." not in atom and ":" not in atom:
@@ -98,19 +96,36 @@ def _canon_atom(atom: str) -> str:
         return atom
 
 
-def _canon_atoms(atoms: Atoms) -> str:
-    return " . ".join([_canon_atom(a) for a in atoms])
+class CanonicalAtoms(dict[str, str]):
+    """Atom -> canonical text (`_canon_atom`), memoised for one read-back or one `expected`.
+
+    Atoms repeat within a table (a frontend's address in each of its endpoints' elements), so
+    a memo halves the parsing. It must not outlive the call: a module-wide cache kept its last
+    65,536 atoms, allocated in the middle of a 10k-Service comparison, alive afterwards, and
+    those scattered strings held ~30 MB of otherwise free heap pages in the agent (see
+    docs/decisions.md).
+    """
+
+    def __missing__(self, atom: str) -> str:
+        text = self[atom] = _canon_atom(atom)
+        return text
 
 
-def canonical_item(item: Item) -> str:
+def _canon_atoms(atoms: Atoms, canon: CanonicalAtoms) -> str:
+    return " . ".join([canon[a] for a in atoms])
+
+
+def canonical_item(item: Item, canon: CanonicalAtoms | None = None) -> str:
     """Return a rendered element in the canonical text the read-backs produce: `key` or
-    `key : value`, every address atom in `ipaddress` form, a verdict as nft writes it."""
+    `key : value`, every address atom in `ipaddress` form, a verdict as nft writes it.
+    `canon` memoises atoms across the items of one call."""
+    memo = CanonicalAtoms() if canon is None else canon
     key, value = item
     if value is None:
-        return _canon_atoms(key)
+        return _canon_atoms(key, memo)
     if isinstance(value, tuple):
-        return _canon_atoms(key) + " : " + _canon_atoms(value)
-    return _canon_atoms(key) + " : " + value.text()
+        return _canon_atoms(key, memo) + " : " + _canon_atoms(value, memo)
+    return _canon_atoms(key, memo) + " : " + value.text()
 
 
 def _is_dynamic(name: str) -> bool:
@@ -150,32 +165,33 @@ def expected(desired: DesiredState, *, mark: int = L.DEFAULT_MASQ_MARK) -> Snaps
     _structure(base_chain_ops(mark), sets, chains)
     elements: dict[str, list[Item]] = dict(acc.elements)
     elements.update(node_elements(desired))
+    canon = CanonicalAtoms()
     for name, items in elements.items():
         if _is_dynamic(name):
             continue
-        sets[name] = frozenset([canonical_item(item) for item in items])
+        sets[name] = frozenset([canonical_item(item, canon) for item in items])
     return Snapshot(present=True, sets=sets, chains=chains)
 
 
-def _json_atom(value: Any) -> str:
+def _json_atom(value: Any, canon: CanonicalAtoms) -> str:
     """Return the canonical text of one JSON element atom."""
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, int):
         return str(value)
     if isinstance(value, str):
-        return _canon_atom(value)
+        return canon[value]
     if isinstance(value, dict):
         if "concat" in value:
-            return " . ".join(_json_atom(v) for v in value["concat"])
+            return " . ".join(_json_atom(v, canon) for v in value["concat"])
         if "prefix" in value:
             p = value["prefix"]
-            return _canon_atom(f"{p['addr']}/{p['len']}")
+            return canon[f"{p['addr']}/{p['len']}"]
         if "range" in value:
             lo, hi = value["range"]
-            return f"{_json_atom(lo)}-{_json_atom(hi)}"
+            return f"{_json_atom(lo, canon)}-{_json_atom(hi, canon)}"
         if "elem" in value:
-            return _json_atom(value["elem"]["val"])
+            return _json_atom(value["elem"]["val"], canon)
         for verdict in ("goto", "jump"):
             if verdict in value:
                 return f"{verdict} {value[verdict]['target']}"
@@ -184,10 +200,10 @@ def _json_atom(value: Any) -> str:
     return repr(value)
 
 
-def _json_element(elem: Any) -> str:
+def _json_element(elem: Any, canon: CanonicalAtoms) -> str:
     if isinstance(elem, list) and len(elem) == 2:
-        return f"{_json_atom(elem[0])} : {_json_atom(elem[1])}"
-    return _json_atom(elem)
+        return f"{_json_atom(elem[0], canon)} : {_json_atom(elem[1], canon)}"
+    return _json_atom(elem, canon)
 
 
 def from_json(nft_json: Mapping[str, Any] | None) -> Snapshot:
@@ -200,6 +216,7 @@ def from_json(nft_json: Mapping[str, Any] | None) -> Snapshot:
     present = False
     sets: dict[str, frozenset[str]] = {}
     chains: dict[str, int] = {}
+    canon = CanonicalAtoms()
     for item in nft_json.get("nftables", ()):
         if not isinstance(item, dict) or len(item) != 1:
             continue
@@ -217,7 +234,7 @@ def from_json(nft_json: Mapping[str, Any] | None) -> Snapshot:
             if _is_dynamic(name):
                 sets[name] = frozenset()
             else:
-                sets[name] = frozenset(_json_element(e) for e in obj.get("elem", ()))
+                sets[name] = frozenset(_json_element(e, canon) for e in obj.get("elem", ()))
         elif kind == "chain":
             chains.setdefault(obj["name"], 0)
         elif kind == "rule":
