@@ -275,6 +275,68 @@ def test_a_pool_reload_keeps_the_reuse_order_of_the_addresses_freed_before_it(
     assert server.ips(third) == ("198.19.0.3",)  # not the .1 freed a moment ago
 
 
+def _slice(name: str, address_type: str, address: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "labels": {"kubernetes.io/service-name": "web"},
+        },
+        "addressType": address_type,
+        "ports": [{"port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [address]}],
+    }
+
+
+def test_a_service_with_fqdn_slices_only_is_not_serving_until_an_ip_slice_arrives(
+    tmp_path: Path,
+) -> None:
+    server = FakeServer()
+    key = server.create_service("web")
+    a = leading(server, tmp_path)
+    a.ctl.step()
+    a.writer.run_all()
+    a.sync(server)
+    a.ctl.step()
+    ip = server.ips(key)[0]
+    lease = report_body(
+        node="n1",
+        namespace="nodelb-system",
+        ips=[ipaddress.ip_address(ip)],
+        now=a.clock.wall(),
+        duration=600,
+    )
+    change = a.ctl.reports.apply(EventType.ADDED, lease)
+    assert change is not None
+    a.ctl.on_reports([change])
+    fqdn = a.ctl.slices.apply(EventType.ADDED, _slice("web-a", "FQDN", "db.example.org"))
+    assert fqdn is not None
+    a.ctl.on_slices([fqdn])
+    a.ctl.step()
+    a.writer.run_all()
+    a.ctl.step()
+    assert _serving(server, key) == "False/Unsupported"
+    assert a.reasons("web")[-1] == "FQDNEndpointsNotSupported"
+    # An IPv4 slice arrives: served; the FQDN one goes: still served, the index forgets it.
+    a.sync(server)
+    ipv4 = a.ctl.slices.apply(EventType.ADDED, _slice("web-b", "IPv4", "198.18.1.1"))
+    assert ipv4 is not None
+    a.ctl.on_slices([ipv4])
+    a.ctl.step()
+    a.writer.run_all()
+    assert _serving(server, key) == "True/Serving"
+    a.sync(server)
+    gone = a.ctl.slices.apply(EventType.DELETED, _slice("web-a", "FQDN", "db.example.org"))
+    assert gone is not None
+    a.ctl.on_slices([gone])
+    a.ctl.step()
+    assert a.writer.queued == []  # nothing to change: one usable IPv4 slice remains
+    last = a.ctl.slices.apply(EventType.DELETED, _slice("web-b", "IPv4", "198.18.1.1"))
+    assert last is not None
+    a.ctl.on_slices([last])
+    assert a.ctl._slices_of == {}  # no slice left: nothing kept for the Service
+
+
 def _serving(server: FakeServer, key: str) -> str:
     for c in server.services[key]["status"].get("conditions") or []:
         if c["type"] == "LoadBalancerServing":
