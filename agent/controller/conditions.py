@@ -253,6 +253,7 @@ def service_conditions(
     waiting = [ip for ip in allocation.ips if ip not in serving_ips]
     if servable.nothing_served:
         return _unservable(allocation, waiting, servable)
+    provisioning = _provisioning(allocation, waiting)
     if waiting:
         text = ", ".join(map(str, waiting))
         serving = Condition(
@@ -261,12 +262,6 @@ def service_conditions(
             ConditionReason.PROVISIONING,
             f"waiting for a node to hold {text} with the Service's rules in place",
         )
-        provisioning = Condition(
-            ConditionType.PROVISIONING,
-            True,
-            ConditionReason.PROVISIONING,
-            f"{', '.join(map(str, allocation.ips))} allocated; announcing {text}",
-        )
     else:
         serving = Condition(
             ConditionType.SERVING,
@@ -274,10 +269,22 @@ def service_conditions(
             ConditionReason.SERVING,
             f"serving on {', '.join(map(str, allocation.ips))}",
         )
-        provisioning = Condition(
+    return [serving, provisioning, _degraded(unmet)]
+
+
+def _provisioning(allocation: AllocationResult, waiting: Sequence[IPAddress]) -> Condition:
+    """Return Provisioning for allocated addresses: True while some are not held yet."""
+    if not waiting:
+        return Condition(
             ConditionType.PROVISIONING, False, ConditionReason.COMPLETE, "provisioning is complete"
         )
-    return [serving, provisioning, _degraded(unmet)]
+    return Condition(
+        ConditionType.PROVISIONING,
+        True,
+        ConditionReason.PROVISIONING,
+        f"{', '.join(map(str, allocation.ips))} allocated; announcing "
+        f"{', '.join(map(str, waiting))}",
+    )
 
 
 def _unservable(
@@ -285,27 +292,14 @@ def _unservable(
 ) -> list[Condition]:
     """Return the conditions of a Service whose addresses are allocated but serve nothing."""
     text = "; ".join(p.message for p in servable.problems)
-    ips = ", ".join(map(str, allocation.ips))
-    if waiting:
-        held = ", ".join(map(str, waiting))
-        provisioning = Condition(
-            ConditionType.PROVISIONING,
-            True,
-            ConditionReason.PROVISIONING,
-            f"{ips} allocated; announcing {held}",
-        )
-    else:
-        provisioning = Condition(
-            ConditionType.PROVISIONING, False, ConditionReason.COMPLETE, "provisioning is complete"
-        )
     return [
         Condition(
             ConditionType.SERVING,
             False,
             ConditionReason.UNSUPPORTED,
-            f"{ips} can serve nothing: {text}",
+            f"{', '.join(map(str, allocation.ips))} can serve nothing: {text}",
         ),
-        provisioning,
+        _provisioning(allocation, waiting),
         Condition(
             ConditionType.DEGRADED,
             False,

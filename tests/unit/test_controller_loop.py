@@ -88,6 +88,24 @@ def leading(server: FakeServer, tmp_path: Path, name: str = "a") -> Replica:
     return r
 
 
+def allocate_and_report(a: Replica, server: FakeServer, key: str, *, duration: int) -> None:
+    """Allocate `key` its address and feed a node report holding it for `duration` s."""
+    a.ctl.step()
+    a.writer.run_all()
+    a.sync(server)
+    a.ctl.step()
+    lease = report_body(
+        node="n1",
+        namespace="nodelb-system",
+        ips=[ipaddress.ip_address(server.ips(key)[0])],
+        now=a.clock.wall(),
+        duration=duration,
+    )
+    change = a.ctl.reports.apply(EventType.ADDED, lease)
+    assert change is not None
+    a.ctl.on_reports([change])
+
+
 def test_a_leader_allocates_in_creation_order_and_announces_each_address_after_its_write(
     tmp_path: Path,
 ) -> None:
@@ -224,21 +242,7 @@ def test_a_node_report_that_expires_turns_serving_off_without_any_watch_event(
     server = FakeServer()
     key = server.create_service("web")
     a = leading(server, tmp_path)
-    a.ctl.step()
-    a.writer.run_all()
-    a.sync(server)
-    a.ctl.step()
-    ip = server.ips(key)[0]
-    lease = report_body(
-        node="n1",
-        namespace="nodelb-system",
-        ips=[ipaddress.ip_address(ip)],
-        now=a.clock.wall(),
-        duration=3,
-    )
-    change = a.ctl.reports.apply(EventType.ADDED, lease)
-    assert change is not None
-    a.ctl.on_reports([change])
+    allocate_and_report(a, server, key, duration=3)
     a.ctl.step()
     a.writer.run_all()
     assert _serving(server, key) == "True/Serving"
@@ -294,21 +298,7 @@ def test_a_service_with_fqdn_slices_only_is_not_serving_until_an_ip_slice_arrive
     server = FakeServer()
     key = server.create_service("web")
     a = leading(server, tmp_path)
-    a.ctl.step()
-    a.writer.run_all()
-    a.sync(server)
-    a.ctl.step()
-    ip = server.ips(key)[0]
-    lease = report_body(
-        node="n1",
-        namespace="nodelb-system",
-        ips=[ipaddress.ip_address(ip)],
-        now=a.clock.wall(),
-        duration=600,
-    )
-    change = a.ctl.reports.apply(EventType.ADDED, lease)
-    assert change is not None
-    a.ctl.on_reports([change])
+    allocate_and_report(a, server, key, duration=600)
     fqdn = a.ctl.slices.apply(EventType.ADDED, _slice("web-a", "FQDN", "db.example.org"))
     assert fqdn is not None
     a.ctl.on_slices([fqdn])
