@@ -74,7 +74,7 @@ from agent.controller.reconcile import (
     run_batch,
     update_serving,
 )
-from agent.controller.servability import SliceSummary, summarize_slice
+from agent.controller.servability import SliceSummary, Unservable, summarize_slice
 from agent.controller.service_status import ServiceView, parse_view
 from agent.controller.writes import RetryDelays, WriteOutcome, WritesInFlight
 from agent.kube.events import Event, EventGate, EventSink
@@ -88,6 +88,7 @@ log = logging.getLogger(__name__)
 LEASE_NAME = "nodelb-controller"
 METRICS_PERIOD = 1.0  # seconds between two exports of the pool gauges
 MAX_WAIT = 1.0  # seconds the loop sleeps at most with nothing due
+SERVING_REASONS = frozenset(r.value for r in Unservable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,6 +500,8 @@ class Controller:
 
     def _report(self, event: Event | None) -> None:
         if event is not None and self._gate.admit(event, self._clock.monotonic()):
+            if event.reason in SERVING_REASONS:
+                metrics.SERVING_WARNINGS.labels(event.reason).inc()
             self._events.record(event)
 
     # -- serving ---------------------------------------------------------------------------

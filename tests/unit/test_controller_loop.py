@@ -298,6 +298,7 @@ def test_a_service_with_fqdn_slices_only_is_not_serving_until_an_ip_slice_arrive
     server = FakeServer()
     key = server.create_service("web")
     a = leading(server, tmp_path)
+    warned = metric("nodelb_serving_warnings_total", reason="FQDNEndpointsNotSupported")
     allocate_and_report(a, server, key, duration=600)
     fqdn = a.ctl.slices.apply(EventType.ADDED, _slice("web-a", "FQDN", "db.example.org"))
     assert fqdn is not None
@@ -307,6 +308,7 @@ def test_a_service_with_fqdn_slices_only_is_not_serving_until_an_ip_slice_arrive
     a.ctl.step()
     assert _serving(server, key) == "False/Unsupported"
     assert a.reasons("web")[-1] == "FQDNEndpointsNotSupported"
+    assert metric("nodelb_serving_warnings_total", reason="FQDNEndpointsNotSupported") == warned + 1
     # An IPv4 slice arrives: served; the FQDN one goes: still served, the index forgets it.
     a.sync(server)
     ipv4 = a.ctl.slices.apply(EventType.ADDED, _slice("web-b", "IPv4", "198.18.1.1"))
