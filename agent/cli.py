@@ -225,8 +225,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
     settings = ControllerSettings(
         namespace=args.namespace, identity=identity, config_path=args.config, election=timing
     )
-    # Three watches, the Lease, the status writers and the Event sender each hold a connection.
-    api = api_client(args.kubeconfig, pool_size=8 + settings.write_concurrency)
+    # Four watches, the Lease, the status writers and the Event sender each hold a connection.
+    api = api_client(args.kubeconfig, pool_size=9 + settings.write_concurrency)
     events = KubeEventSink(client.CoreV1Api(api), component="nodelb-controller", host=identity)
     controller = Controller(KubeControllerAPI(api), settings, events=events)
     stop = threading.Event()

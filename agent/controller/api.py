@@ -57,6 +57,7 @@ class Watched:
     services: ListFn
     namespaces: ListFn
     reports: ListFn  # node report Leases, in the controller's namespace
+    slices: ListFn  # EndpointSlices: what the Services' addresses can serve
 
 
 class LeaseAPI(Protocol):
@@ -142,6 +143,7 @@ class KubeControllerAPI:
     def __init__(self, api_client: Any) -> None:
         self._core = client.CoreV1Api(api_client)
         self._coord = client.CoordinationV1Api(api_client)
+        self._discovery = client.DiscoveryV1Api(api_client)
 
     def list_services(self) -> list[dict[str, Any]]:
         with _as_api_error():
@@ -217,4 +219,5 @@ class KubeControllerAPI:
                     label_selector=f"{REPORT_LABEL}={REPORT_LABEL_VALUE}",
                 ),
             ),
+            slices=cast(ListFn, self._discovery.list_endpoint_slice_for_all_namespaces),
         )

@@ -27,6 +27,17 @@ What nodelb cannot honour (KEP-4631 "Degraded" section):
 - **SessionAffinity** (ClientIP) and **ExternalTrafficPolicy** (Local) are implemented by the
   dataplane; they degrade only when listed in `unsupported_features` (an agent setting).
 
+What the Service's addresses can serve (agent/controller/servability.py, the `servable`
+input): an address whose connections are all rejected or dropped — EndpointSlices of type
+FQDN only, slices without ports, no endpoint of the address's family, a port no slice
+serves, loadBalancerSourceRanges of the other family only — is not served, whatever holds
+it. When that leaves nothing served, Serving is False/Unsupported (nodelb cannot serve the
+Service as it is set up; the address stays allocated, so fixing the slices or the ranges
+needs no new allocation); when some addresses or ports still serve, Degraded is True
+(PortsNotSupported for ports, IPFamiliesNotSupported for a whole family). These never make
+a required feature refuse the Service: they come from endpoints that change by the second,
+and releasing an address over them would make it flap.
+
 ``nodelb.io/required-features`` (comma list of the KEP's feature names; the proposed
 ``spec.requiredLoadBalancerFeatures`` field does not exist) turns a degradation of a listed
 feature into a refusal: Serving=False/Unsupported and no address in status (the allocator
@@ -48,6 +59,7 @@ from typing import Any
 
 from agent.controller.allocator import AllocationReason, AllocationResult
 from agent.controller.request import Feature, ServiceRequest
+from agent.controller.servability import Servability
 from agent.model.net import IPAddress, Protocol
 
 __all__ = [
@@ -61,6 +73,9 @@ __all__ = [
     "service_conditions",
     "unmet_features",
 ]
+
+
+NOTHING_WRONG = Servability()  # every allocated address and port can serve
 
 
 class ConditionType(enum.StrEnum):
@@ -194,11 +209,14 @@ def service_conditions(
     serving_ips: frozenset[IPAddress],
     unsupported_protocols: frozenset[Protocol] = frozenset(),
     unsupported_features: frozenset[Feature] = frozenset(),
+    servable: Servability = NOTHING_WRONG,
 ) -> list[Condition]:
     """Return [Serving, Provisioning, Degraded] for a Service, or [] when it is not ours.
 
     `allocation` None means the allocator has not looked at the Service yet. `serving_ips`
     are the addresses some node reports holding with the Service's rules programmed.
+    `servable` is what of its allocated addresses and ports can serve nothing (see the
+    module docstring); it is judged only once the Service has its addresses.
     """
     if not request.ours or (
         allocation is not None and allocation.reason is AllocationReason.NOT_OURS
@@ -231,7 +249,11 @@ def service_conditions(
             else ConditionReason.INFRASTRUCTURE
         )
         return _triple(False, reason, allocation.message, provisioning=False)
+    unmet = tuple(unmet) + tuple(Unmet(p.feature, p.message) for p in servable.problems)
     waiting = [ip for ip in allocation.ips if ip not in serving_ips]
+    if servable.nothing_served:
+        return _unservable(allocation, waiting, servable)
+    provisioning = _provisioning(allocation, waiting)
     if waiting:
         text = ", ".join(map(str, waiting))
         serving = Condition(
@@ -240,12 +262,6 @@ def service_conditions(
             ConditionReason.PROVISIONING,
             f"waiting for a node to hold {text} with the Service's rules in place",
         )
-        provisioning = Condition(
-            ConditionType.PROVISIONING,
-            True,
-            ConditionReason.PROVISIONING,
-            f"{', '.join(map(str, allocation.ips))} allocated; announcing {text}",
-        )
     else:
         serving = Condition(
             ConditionType.SERVING,
@@ -253,10 +269,44 @@ def service_conditions(
             ConditionReason.SERVING,
             f"serving on {', '.join(map(str, allocation.ips))}",
         )
-        provisioning = Condition(
+    return [serving, provisioning, _degraded(unmet)]
+
+
+def _provisioning(allocation: AllocationResult, waiting: Sequence[IPAddress]) -> Condition:
+    """Return Provisioning for allocated addresses: True while some are not held yet."""
+    if not waiting:
+        return Condition(
             ConditionType.PROVISIONING, False, ConditionReason.COMPLETE, "provisioning is complete"
         )
-    return [serving, provisioning, _degraded(unmet)]
+    return Condition(
+        ConditionType.PROVISIONING,
+        True,
+        ConditionReason.PROVISIONING,
+        f"{', '.join(map(str, allocation.ips))} allocated; announcing "
+        f"{', '.join(map(str, waiting))}",
+    )
+
+
+def _unservable(
+    allocation: AllocationResult, waiting: Sequence[IPAddress], servable: Servability
+) -> list[Condition]:
+    """Return the conditions of a Service whose addresses are allocated but serve nothing."""
+    text = "; ".join(p.message for p in servable.problems)
+    return [
+        Condition(
+            ConditionType.SERVING,
+            False,
+            ConditionReason.UNSUPPORTED,
+            f"{', '.join(map(str, allocation.ips))} can serve nothing: {text}",
+        ),
+        _provisioning(allocation, waiting),
+        Condition(
+            ConditionType.DEGRADED,
+            False,
+            ConditionReason.NOT_DEGRADED,
+            "nothing is served to degrade",
+        ),
+    ]
 
 
 def _degraded(unmet: Sequence[Unmet]) -> Condition:

@@ -27,6 +27,9 @@ PoolExhausted Warnings (agent.controller.exhaustion); whenever an address is rel
 waiting Service is retried at once, so it gets the freed address without waiting out its
 backoff.
 
+**What addresses can serve**: a watch of EndpointSlices keeps one small summary per slice
+(agent/controller/servability.py); a change in a Service's summaries reconciles it.
+
 **Serving**: node report Leases (agent.kube.node_report) say which IPs are held with their
 rules in place; a change, or a report expiring, re-evaluates the Services using those IPs.
 """
@@ -71,6 +74,7 @@ from agent.controller.reconcile import (
     run_batch,
     update_serving,
 )
+from agent.controller.servability import SliceSummary, Unservable, summarize_slice
 from agent.controller.service_status import ServiceView, parse_view
 from agent.controller.writes import RetryDelays, WriteOutcome, WritesInFlight
 from agent.kube.events import Event, EventGate, EventSink
@@ -84,6 +88,7 @@ log = logging.getLogger(__name__)
 LEASE_NAME = "nodelb-controller"
 METRICS_PERIOD = 1.0  # seconds between two exports of the pool gauges
 MAX_WAIT = 1.0  # seconds the loop sleeps at most with nothing due
+SERVING_REASONS = frozenset(r.value for r in Unservable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +158,8 @@ class Controller:
         self.services: Store[ServiceView] = Store(self._parse_view)
         self.namespaces: Store[Labels] = Store(namespace_labels)
         self.reports: Store[NodeReport] = Store(parse_report)
+        self.slices: Store[SliceSummary] = Store(summarize_slice)
+        self._slices_of: dict[str, dict[str, SliceSummary]] = {}  # by Service key, under _cond
         self.ready = threading.Event()
         self.elector = LeaderElector(
             api,
@@ -183,6 +190,12 @@ class Controller:
                 store=self.reports,
                 on_changes=self.on_reports,
             ),
+            Reflector(
+                name="endpointslices",
+                list_fn=watched.slices,
+                store=self.slices,
+                on_changes=self.on_slices,
+            ),
         ]
 
     # -- wiring ----------------------------------------------------------------------------
@@ -207,6 +220,22 @@ class Controller:
         with self._cond:
             self._reports_changed = True
             self._cond.notify()
+
+    def on_slices(self, changes: list[Change[SliceSummary]]) -> None:
+        """Index the changed slice summaries by Service and mark those Services (reflector)."""
+        keys: set[str] = set()
+        with self._cond:
+            for c in changes:
+                for summary in (c.old, c.new):
+                    if summary is not None and summary.service:
+                        keys.add(summary.service)
+                        self._slices_of.setdefault(summary.service, {}).pop(c.key, None)
+                if c.new is not None and c.new.service:
+                    self._slices_of[c.new.service][c.key] = c.new
+            for key in keys:
+                if not self._slices_of.get(key):
+                    self._slices_of.pop(key, None)
+        self._mark(keys)
 
     def _on_leadership(self, leading: bool) -> None:
         metrics.LEADER.set(1 if leading else 0)
@@ -390,11 +419,16 @@ class Controller:
             namespace_labels=self._labels_of(key.split("/", 1)[0]),
             reallocated=self._reallocated.get(key),
             writing=key in self._writes,
+            slices=self._slice_summaries(key),
             now=self._clock.monotonic(),
             wall=self._clock.wall(),
         )
         self._writes.note(decided)
         self._carry_out(decided)
+
+    def _slice_summaries(self, key: str) -> tuple[SliceSummary, ...]:
+        with self._cond:
+            return tuple((self._slices_of.get(key) or {}).values())
 
     def _carry_out(self, decided: Reconcile) -> None:
         """Send and schedule what `reconcile` decided (worker thread)."""
@@ -413,7 +447,8 @@ class Controller:
         for warning in decided.pool_warnings:
             metrics.POOL_EXHAUSTED_EVENTS.labels(warning.pool).inc()
             self._events.record(warning.event)
-        self._report(decided.warning)
+        for event in decided.warnings:
+            self._report(event)
         write = decided.write
         if write is not None:
             future = self._writer.submit(self._write, write)
@@ -456,7 +491,8 @@ class Controller:
                 self._announce(write)
 
     def _announce(self, write: StatusWrite) -> None:
-        self._report(write.warning)
+        for event in write.warnings:
+            self._report(event)
         for pool in write.allocated_pools:
             metrics.ALLOCATIONS.labels(pool).inc()
         for event in write.events:
@@ -464,6 +500,8 @@ class Controller:
 
     def _report(self, event: Event | None) -> None:
         if event is not None and self._gate.admit(event, self._clock.monotonic()):
+            if event.reason in SERVING_REASONS:
+                metrics.SERVING_WARNINGS.labels(event.reason).inc()
             self._events.record(event)
 
     # -- serving ---------------------------------------------------------------------------

@@ -26,6 +26,11 @@ ALLOCATION_FAILURES = Counter(
     "Allocations that left a Service without an address, by reason",
     ["reason"],
 )
+SERVING_WARNINGS = Counter(
+    "nodelb_serving_warnings_total",
+    "Warnings sent because a Service's addresses serve nothing, or less than it asks, by reason",
+    ["reason"],
+)
 POOL_EXHAUSTED_EVENTS = Counter(
     "nodelb_pool_exhausted_events_total", "PoolExhausted Warnings sent (rate limited)", ["pool"]
 )

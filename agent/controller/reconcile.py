@@ -31,12 +31,14 @@ from agent.controller.allocator import (
     allocation_order,
 )
 from agent.controller.exhaustion import ExhaustionLimiter
+from agent.controller.servability import SliceSummary, servability
 from agent.controller.service_status import (
     ServiceView,
     StatusPlan,
     allocation_events,
     plan_status,
     problem_event,
+    serving_events,
 )
 from agent.kube.events import Event
 from agent.kube.node_report import NodeReport, next_expiry, serving_ips
@@ -70,7 +72,7 @@ class StatusWrite:
     key: str
     view: ServiceView
     plan: StatusPlan
-    warning: Event | None  # about the request (IPRequestInvalid); goes through the EventGate
+    warnings: tuple[Event, ...]  # about the request or what it cannot serve; through the gate
     events: tuple[Event, ...]  # what the addresses did (IPAllocated, IPReallocated, ...)
     allocated_pools: tuple[str, ...]
 
@@ -91,7 +93,8 @@ class PoolWarning:
 class Reconcile:
     """What to do about one Service now; see `reconcile`.
 
-    `warning` goes now, through the EventGate (it repeats at most once per gate window);
+    `warnings` go now, through the EventGate (each repeats at most once per gate window):
+    a refused request, and what its addresses cannot serve;
     `pool_warnings` go now as they are (the limiter already spaced them). `retry_at` are the
     times to look at this Service again; `retry_now` the Services waiting on a full pool to
     retry at once, because this one freed an address. `failure` is the reason counted in
@@ -102,7 +105,7 @@ class Reconcile:
     step: Step
     result: AllocationResult | None = None
     write: StatusWrite | None = None
-    warning: Event | None = None
+    warnings: tuple[Event, ...] = ()
     pool_warnings: tuple[PoolWarning, ...] = ()
     retry_at: tuple[float, ...] = ()
     retry_now: tuple[str, ...] = ()
@@ -129,6 +132,7 @@ def reconcile(
     namespace_labels: Labels = (),
     reallocated: str | None = None,
     writing: bool = False,
+    slices: Sequence[SliceSummary] = (),
     now: float,
     wall: datetime.datetime,
 ) -> Reconcile:
@@ -140,7 +144,9 @@ def reconcile(
     must not move ahead of what status will say; the loop reconciles it again afterwards.
     `reallocated` is the message of an address it lost at takeover (duplicate, outside the
     pools), which turns its next address change into an IPReallocated Warning. `now` is
-    monotonic (allocator and backoff), `wall` the time for condition timestamps.
+    monotonic (allocator and backoff), `wall` the time for condition timestamps. `slices`
+    are the Service's EndpointSlice summaries: what its addresses can serve
+    (agent/controller/servability.py) shows in its conditions and Warnings.
     """
     if writing:
         return Reconcile(key, Step.DEFERRED)
@@ -149,7 +155,8 @@ def reconcile(
         limiter.forget(service=key)
         return Reconcile(key, Step.RELEASED, released, retry_now=_freed(released, limiter))
     if view.request is None:
-        return Reconcile(key, Step.INVALID, warning=problem_event(view, None))
+        invalid = problem_event(view, None)
+        return Reconcile(key, Step.INVALID, warnings=(invalid,) if invalid else ())
     request = replace(view.request, namespace_labels=namespace_labels)
     result = allocator.allocate(request, now=now)
     retry_now = _freed(result, limiter)
@@ -163,19 +170,26 @@ def reconcile(
     if not result.allocated and result.reason is not AllocationReason.NOT_OURS:
         failure = result.reason
     problem = problem_event(view, result)
-    plan = plan_status(view, request, result, serving_ips=serving, now=wall)
+    servable = servability(
+        ips=result.ips if result.allocated and request.ours else (),
+        ports=request.named_ports,
+        source_ranges=request.source_ranges,
+        slices=slices,
+    )
+    warnings = ((problem,) if problem else ()) + serving_events(view, result, servable)
+    plan = plan_status(view, request, result, serving_ips=serving, now=wall, servable=servable)
     write = None
     if plan is not None:
         events = tuple(allocation_events(view, result, plan, reallocated=reallocated))
         allocated = any(e.reason == "IPAllocated" for e in events)
         pools = (result.pools or ("",)) if allocated else ()
-        write = StatusWrite(key, view, plan, problem, events, pools)
+        write = StatusWrite(key, view, plan, warnings, events, pools)
     return Reconcile(
         key,
         Step.UP_TO_DATE if write is None else Step.WRITE,
         result,
         write=write,
-        warning=problem if write is None else None,  # with a write, it waits for the write
+        warnings=warnings if write is None else (),  # with a write, they wait for the write
         pool_warnings=pool_warnings,
         retry_at=retry_at,
         retry_now=retry_now,

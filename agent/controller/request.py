@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.model.net import IPAddress, IPFamily, Protocol
-from agent.model.service import InvalidService, Service, parse_service
+from agent.model.net import IPAddress, IPFamily, IPNetwork, Protocol
+from agent.model.service import InvalidService, Service, ServicePort, parse_service
 from agent.model.service_class import classify, is_ours
 
 POOL_ANNOTATION = "nodelb.io/ip-pool"
@@ -90,6 +90,9 @@ class ServiceRequest:
     required_features: tuple[str, ...] = ()
     annotation_error: str | None = None
     current_ips: tuple[IPAddress, ...] = ()
+    # What the conditions check the Service can be served with (agent/controller/servability.py)
+    named_ports: tuple[ServicePort, ...] = ()
+    source_ranges: tuple[IPNetwork, ...] = ()
 
     @property
     def namespace(self) -> str:
@@ -234,4 +237,6 @@ def request_from_service(
         required_features=required,
         annotation_error="; ".join(problems) or None,
         current_ips=svc.ingress_ips,
+        named_ports=svc.ports,
+        source_ranges=svc.source_ranges,
     )

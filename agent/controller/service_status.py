@@ -17,8 +17,14 @@ from typing import Any
 import orjson
 
 from agent.controller.allocator import AllocationReason, AllocationResult
-from agent.controller.conditions import ConditionType, merge_conditions, service_conditions
+from agent.controller.conditions import (
+    NOTHING_WRONG,
+    ConditionType,
+    merge_conditions,
+    service_conditions,
+)
 from agent.controller.request import ServiceRequest, request_from_raw
+from agent.controller.servability import Servability, Unservable
 from agent.kube.events import Event, ObjectRef
 from agent.model.net import IPAddress
 from agent.model.service import InvalidService
@@ -125,8 +131,11 @@ def plan_status(
     *,
     serving_ips: frozenset[IPAddress],
     now: datetime.datetime,
+    servable: Servability = NOTHING_WRONG,
 ) -> StatusPlan | None:
     """Return the status `view` should have after `result`, or None if it already has it.
+
+    `servable` says what of its addresses can serve nothing (see conditions.py).
 
     A Service that is not ours keeps its ingress unless nodelb just released addresses from
     it (another implementation may own it); our conditions are removed from it.
@@ -139,7 +148,9 @@ def plan_status(
         ingress = [e for e in current_ingress if e.get("ip") not in released]
     else:
         ingress = current_ingress
-    wanted = service_conditions(request=request, allocation=result, serving_ips=serving_ips)
+    wanted = service_conditions(
+        request=request, allocation=result, serving_ips=serving_ips, servable=servable
+    )
     conditions = merge_conditions(view.conditions, wanted, now=now, generation=view.generation)
     if ingress == current_ingress and conditions == view.conditions:
         return None
@@ -190,3 +201,30 @@ def problem_event(view: ServiceView, result: AllocationResult | None) -> Event |
     if result is not None and result.reason in REQUEST_INVALID:
         return Event(ref, "Warning", "IPRequestInvalid", f"{result.reason}: {result.message}")
     return None
+
+
+def serving_events(
+    view: ServiceView, result: AllocationResult, servable: Servability
+) -> tuple[Event, ...]:
+    """Return a Warning per reason the Service's allocated addresses serve less than asked.
+
+    One per servability problem (its reason is the Event's), and `IPFamilyNotAllocated` for a
+    PreferDualStack Service that got only some of its families (the Degraded condition's
+    IPFamiliesNotSupported, which used to come with no Event).
+    """
+    if not result.allocated:
+        return ()
+    ref = view.ref()
+    out = [Event(ref, "Warning", p.reason.value, p.message) for p in servable.problems]
+    if result.missing_families:
+        missing = ", ".join(result.missing_families)
+        out.append(
+            Event(
+                ref,
+                "Warning",
+                Unservable.FAMILY_NOT_ALLOCATED.value,
+                f"no {missing} address could be allocated (no pool of that family admits the "
+                f"Service); served on {', '.join(map(str, result.ips))} only",
+            )
+        )
+    return tuple(out)

@@ -1,32 +1,67 @@
 """The Event sender: posts core/v1 Events from its own thread (agent/kube/events.py decides
-which), so a slow API server never delays a dataplane sync or an allocation."""
+what each occurrence becomes), so a slow API server never delays a dataplane sync or an
+allocation.
+
+`record` hands an occurrence to the `EventCorrelator` and returns at once; the thread writes
+what the correlator lets go: a create for a new Event, a PATCH of `count`, `lastTimestamp`
+and `message` for a repeat (client-go's EventRecorder does the same), so a flood of one
+Warning costs a few writes, not one per occurrence. Every occurrence is either counted in an
+Event object or in nodelb_events_dropped_total with its reason.
+"""
 
 from __future__ import annotations
 
 import datetime
 import logging
-import queue
 import threading
-import uuid
+import time
+from collections.abc import Callable
 from typing import Any
 
 from agent.kube import metrics
-from agent.kube.events import Event
+from agent.kube.events import DropReason, Event, EventCorrelator, EventWrite, WriteAction
 
 log = logging.getLogger(__name__)
 
+MERGE_PATCH = "application/merge-patch+json"
+LOG_EVERY = 1000  # a drop is logged the first time for its reason, then once per this many
 
-log = logging.getLogger(__name__)
+
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _stamp(at: datetime.datetime) -> str:
+    return at.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class KubeEventSink:
-    """Posts Events to the API from a background thread; drops them when the queue is full."""
+    """Posts Events to the API from a background thread, folding repeats into patches.
 
-    def __init__(self, core_v1: Any, *, component: str, host: str, maxsize: int = 1000) -> None:
+    `max_pending` bounds the distinct Events waiting (repeats of a waiting one cost nothing);
+    `monotonic` and `wall` are the clocks (tests pass their own and call `send_ready`).
+    """
+
+    def __init__(
+        self,
+        core_v1: Any,
+        *,
+        component: str,
+        host: str,
+        max_pending: int = 1000,
+        correlator: EventCorrelator | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime.datetime] = _utcnow,
+    ) -> None:
         self._api = core_v1
         self._component = component
         self._host = host
-        self._queue: queue.Queue[Event | None] = queue.Queue(maxsize=maxsize)
+        self._correlator = correlator or EventCorrelator(max_pending=max_pending)
+        self._monotonic = monotonic
+        self._wall = wall
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._drops: dict[DropReason, int] = {}
         self._thread: threading.Thread | None = None
 
     def run(self) -> None:
@@ -34,37 +69,91 @@ class KubeEventSink:
         self._thread = threading.Thread(target=self._loop, name="events", daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
-        """Stop the sender after the Events already queued."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the sender after writing what waits (rate limit or not), within `timeout` s;
+        what is still waiting then is counted as dropped (shutdown)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
         if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=timeout)
+        with self._cond:
+            lost = self._correlator.drain()
+        self._dropped(DropReason.SHUTDOWN, lost)
 
     def record(self, event: Event) -> None:
-        try:
-            self._queue.put_nowait(event)
-        except queue.Full:
-            metrics.EVENTS_DROPPED.inc()
-            log.warning("event queue full, dropping %s %s", event.reason, event.ref.name)
+        """Take one occurrence of `event` (any thread; never blocks on the API)."""
+        with self._cond:
+            dropped = self._correlator.record(event, now=self._monotonic(), wall=self._wall())
+            self._cond.notify()
+        metrics.EVENTS_RECORDED.inc()
+        if dropped is not None:
+            self._dropped(dropped, 1, event)
+
+    def send_ready(self, *, force: bool = False) -> int:
+        """Write what the correlator lets go now (this thread); return how many writes."""
+        with self._cond:
+            writes = self._correlator.writes(now=self._monotonic(), force=force)
+        for write in writes:
+            self._send(write)
+        return len(writes)
 
     def _loop(self) -> None:
-        while (event := self._queue.get()) is not None:
-            try:
-                self._api.create_namespaced_event(event.ref.namespace, body=self.body(event))
-            except Exception as exc:
-                metrics.EVENTS_DROPPED.inc()
-                log.warning("cannot post event %s for %s: %s", event.reason, event.ref.name, exc)
+        while True:
+            with self._cond:
+                stopping = self._stopping
+                if not stopping:
+                    now = self._monotonic()
+                    due = self._correlator.next_due(now)
+                    if due is None or due > now:
+                        wait = None if due is None else max(0.05, due - now)
+                        self._cond.wait(timeout=wait)
+                        stopping = self._stopping
+            sent = self.send_ready(force=stopping)
+            if stopping and not sent:
+                return
 
-    def body(self, event: Event) -> dict[str, Any]:
-        """Return the core/v1 Event object for `event`."""
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    def _send(self, write: EventWrite) -> None:
+        namespace = write.event.ref.namespace
+        try:
+            if write.action is WriteAction.CREATE:
+                self._api.create_namespaced_event(namespace, body=self.body(write))
+            else:
+                self._api.patch_namespaced_event(
+                    write.name, namespace, body=self.patch(write), _content_type=MERGE_PATCH
+                )
+        except Exception as exc:
+            gone = write.action is WriteAction.PATCH and getattr(exc, "status", None) == 404
+            with self._cond:
+                lost = self._correlator.failed(write, gone=gone)
+                self._cond.notify()
+            if lost:
+                log.warning(
+                    "cannot post event %s for %s: %s", write.event.reason, write.event.ref.name, exc
+                )
+                self._dropped(DropReason.API_ERROR, lost)
+            return
+        with self._cond:
+            self._correlator.written(write)
+        metrics.EVENT_WRITES.labels(write.action.value).inc()
+
+    def _dropped(self, reason: DropReason, n: int, event: Event | None = None) -> None:
+        if n <= 0:
+            return
+        metrics.EVENTS_DROPPED.labels(reason.value).inc(n)
+        before = self._drops.get(reason, 0)
+        self._drops[reason] = before + n
+        if before == 0 or before // LOG_EVERY != (before + n) // LOG_EVERY:
+            about = f" ({event.reason} for {event.ref.name})" if event is not None else ""
+            log.warning("events dropped (%s): %d so far%s", reason, before + n, about)
+
+    def body(self, write: EventWrite) -> dict[str, Any]:
+        """Return the core/v1 Event object a create of `write` sends."""
+        event = write.event
         return {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {
-                "name": f"{event.ref.name}.{uuid.uuid4().hex[:16]}",
-                "namespace": event.ref.namespace,
-            },
+            "metadata": {"name": write.name, "namespace": event.ref.namespace},
             "involvedObject": {
                 "apiVersion": event.ref.api_version,
                 "kind": event.ref.kind,
@@ -78,7 +167,16 @@ class KubeEventSink:
             "source": {"component": self._component, "host": self._host},
             "reportingComponent": self._component,
             "reportingInstance": self._host,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
+            "firstTimestamp": _stamp(write.first),
+            "lastTimestamp": _stamp(write.last),
+            "count": write.count,
+        }
+
+    @staticmethod
+    def patch(write: EventWrite) -> dict[str, Any]:
+        """Return the merge patch a repeat sends: the new count, time and message."""
+        return {
+            "count": write.count,
+            "lastTimestamp": _stamp(write.last),
+            "message": write.event.message[:1024],
         }

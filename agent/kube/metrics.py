@@ -4,9 +4,21 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
+EVENTS_RECORDED = Counter(
+    "nodelb_events_recorded_total",
+    "Event occurrences handed to the Event sender (each ends in an Event's count or dropped).",
+)
+
 EVENTS_DROPPED = Counter(
     "nodelb_events_dropped_total",
-    "Kubernetes Events not posted: the 1000-deep send queue was full, or the API refused.",
+    "Event occurrences never posted, by reason (queue_full, api_error, shutdown).",
+    ["reason"],
+)
+
+EVENT_WRITES = Counter(
+    "nodelb_event_writes_total",
+    "Event API writes that succeeded, by action (create a new Event, patch a repeat's count).",
+    ["action"],
 )
 
 

@@ -288,6 +288,8 @@ ACCESS = [
     ),
     *(Access(CONTROLLER, v, "nodes") for v in ("list", "watch")),
     *(Access(CONTROLLER, v, "namespaces") for v in ("list", "watch")),
+    # what its Services' addresses can serve (agent/controller/servability.py)
+    *(Access(CONTROLLER, v, "endpointslices", group=DISCOVERY) for v in ("list", "watch")),
     *(Access(CONTROLLER, v, "events", "shop") for v in ("create", "patch")),
     *(
         Access(CONTROLLER, v, "leases", NS, COORDINATION)
@@ -303,7 +305,8 @@ ACCESS = [
     Access(CONTROLLER, "update", "nodes", allowed=False),
     Access(CONTROLLER, "delete", "leases", NS, COORDINATION, allowed=False),
     Access(CONTROLLER, "create", "leases", "default", COORDINATION, allowed=False),
-    Access(CONTROLLER, "list", "endpointslices", group=DISCOVERY, allowed=False),
+    Access(CONTROLLER, "create", "endpointslices", "shop", DISCOVERY, allowed=False),
+    Access(CONTROLLER, "update", "endpointslices", "shop", DISCOVERY, allowed=False),
 ]
 
 

@@ -23,7 +23,7 @@ from agent.controller.exhaustion import ExhaustionLimiter
 from agent.controller.request import FamilyPolicy, ProtocolPort, ServiceRequest, request_from_raw
 from agent.model.net import IPAddress, IPFamily, Protocol
 from agent.model.pools import Forbidden, PoolSet, parse_pools
-from agent.model.service import InvalidService
+from agent.model.service import InvalidService, ServicePort
 
 R = AllocationReason
 V4 = (IPFamily.IPV4,)
@@ -632,6 +632,10 @@ def test_request_from_raw_reads_families_annotations_and_class() -> None:
         session_affinity=True,
         required_features=("IPFamilies", "Ports"),
         current_ips=ips("198.18.0.2"),
+        named_ports=(
+            ServicePort("", Protocol.TCP, 80),
+            ServicePort("", Protocol.UDP, 53),
+        ),
     )
     other = request_from_raw(
         {**obj, "spec": {**obj["spec"], "loadBalancerClass": "example.com/lb"}},

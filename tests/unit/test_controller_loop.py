@@ -88,6 +88,24 @@ def leading(server: FakeServer, tmp_path: Path, name: str = "a") -> Replica:
     return r
 
 
+def allocate_and_report(a: Replica, server: FakeServer, key: str, *, duration: int) -> None:
+    """Allocate `key` its address and feed a node report holding it for `duration` s."""
+    a.ctl.step()
+    a.writer.run_all()
+    a.sync(server)
+    a.ctl.step()
+    lease = report_body(
+        node="n1",
+        namespace="nodelb-system",
+        ips=[ipaddress.ip_address(server.ips(key)[0])],
+        now=a.clock.wall(),
+        duration=duration,
+    )
+    change = a.ctl.reports.apply(EventType.ADDED, lease)
+    assert change is not None
+    a.ctl.on_reports([change])
+
+
 def test_a_leader_allocates_in_creation_order_and_announces_each_address_after_its_write(
     tmp_path: Path,
 ) -> None:
@@ -224,21 +242,7 @@ def test_a_node_report_that_expires_turns_serving_off_without_any_watch_event(
     server = FakeServer()
     key = server.create_service("web")
     a = leading(server, tmp_path)
-    a.ctl.step()
-    a.writer.run_all()
-    a.sync(server)
-    a.ctl.step()
-    ip = server.ips(key)[0]
-    lease = report_body(
-        node="n1",
-        namespace="nodelb-system",
-        ips=[ipaddress.ip_address(ip)],
-        now=a.clock.wall(),
-        duration=3,
-    )
-    change = a.ctl.reports.apply(EventType.ADDED, lease)
-    assert change is not None
-    a.ctl.on_reports([change])
+    allocate_and_report(a, server, key, duration=3)
     a.ctl.step()
     a.writer.run_all()
     assert _serving(server, key) == "True/Serving"
@@ -273,6 +277,56 @@ def test_a_pool_reload_keeps_the_reuse_order_of_the_addresses_freed_before_it(
     a.ctl.step()
     a.writer.run_all()
     assert server.ips(third) == ("198.19.0.3",)  # not the .1 freed a moment ago
+
+
+def _slice(name: str, address_type: str, address: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "labels": {"kubernetes.io/service-name": "web"},
+        },
+        "addressType": address_type,
+        "ports": [{"port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [address]}],
+    }
+
+
+def test_a_service_with_fqdn_slices_only_is_not_serving_until_an_ip_slice_arrives(
+    tmp_path: Path,
+) -> None:
+    server = FakeServer()
+    key = server.create_service("web")
+    a = leading(server, tmp_path)
+    warned = metric("nodelb_serving_warnings_total", reason="FQDNEndpointsNotSupported")
+    allocate_and_report(a, server, key, duration=600)
+    fqdn = a.ctl.slices.apply(EventType.ADDED, _slice("web-a", "FQDN", "db.example.org"))
+    assert fqdn is not None
+    a.ctl.on_slices([fqdn])
+    a.ctl.step()
+    a.writer.run_all()
+    a.ctl.step()
+    assert _serving(server, key) == "False/Unsupported"
+    assert a.reasons("web")[-1] == "FQDNEndpointsNotSupported"
+    assert metric("nodelb_serving_warnings_total", reason="FQDNEndpointsNotSupported") == warned + 1
+    # An IPv4 slice arrives: served; the FQDN one goes: still served, the index forgets it.
+    a.sync(server)
+    ipv4 = a.ctl.slices.apply(EventType.ADDED, _slice("web-b", "IPv4", "198.18.1.1"))
+    assert ipv4 is not None
+    a.ctl.on_slices([ipv4])
+    a.ctl.step()
+    a.writer.run_all()
+    assert _serving(server, key) == "True/Serving"
+    a.sync(server)
+    gone = a.ctl.slices.apply(EventType.DELETED, _slice("web-a", "FQDN", "db.example.org"))
+    assert gone is not None
+    a.ctl.on_slices([gone])
+    a.ctl.step()
+    assert a.writer.queued == []  # nothing to change: one usable IPv4 slice remains
+    last = a.ctl.slices.apply(EventType.DELETED, _slice("web-b", "IPv4", "198.18.1.1"))
+    assert last is not None
+    a.ctl.on_slices([last])
+    assert a.ctl._slices_of == {}  # no slice left: nothing kept for the Service
 
 
 def _serving(server: FakeServer, key: str) -> str:

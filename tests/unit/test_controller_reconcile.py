@@ -300,10 +300,10 @@ def test_reconcile(case: ReconcileCase) -> None:
         written=None if write is None else tuple(e["ip"] for e in write.plan.ingress),
         after_write=()
         if write is None
-        else tuple(e.reason for e in (write.warning, *write.events) if e is not None),
+        else tuple(e.reason for e in (*write.warnings, *write.events)),
         at_once=tuple(
             e.reason
-            for e in (decided.warning, *(w.event for w in decided.pool_warnings))
+            for e in (*decided.warnings, *(w.event for w in decided.pool_warnings))
             if e is not None
         ),
         retry_at=decided.retry_at,

@@ -336,6 +336,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[Rule]] = {
     | triples("", "services/status", "get update patch")
     | triples("", "nodes", "list watch")
     | triples("", "namespaces", "list watch")
+    | triples("discovery.k8s.io", "endpointslices", "list watch")
     | triples("", "events", "create patch"),
     ("Role", "nodelb-controller"): triples(
         "coordination.k8s.io", "leases", "get create update list watch"
