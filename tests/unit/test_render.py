@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -454,17 +453,12 @@ def _big_state(services: int, per: int) -> DesiredState:
     return DesiredState(frontends=fes)
 
 
-def test_full_render_of_10k_frontends_by_10_endpoints_is_fast() -> None:
+def test_a_full_render_of_10k_frontends_by_10_endpoints_emits_elements_in_bulk() -> None:
+    # How long it takes is bench/dataplane.py's job; here: one op per set, not per element.
     desired = _big_state(10_000, 10)
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        tx = render(desired)
-        text = tx.text()
-        best = min(best, time.perf_counter() - t0)
-    assert text.count(" : ") >= 110_000  # 100k backends + 10k verdicts
+    tx = render(desired)
+    assert tx.text().count(" : ") >= 110_000  # 100k backends + 10k verdicts
     assert len(tx) < 100, "elements must be emitted in bulk, not one op each"
-    assert best < 1.0, f"full render took {best:.3f}s"
 
 
 def test_fake_table_is_a_faithful_table_of_render() -> None:
