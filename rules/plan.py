@@ -69,8 +69,19 @@ _IDX = tuple(str(i) for i in range(4096))
 _INDEX_ATOMS = tuple((s,) for s in _IDX)  # a backend element's last key atom, as a 1-tuple
 
 
+_PORTS: dict[int, str] = {}
+"""Port atoms above _IDX's range, made once each: a full render writes every backend's port,
+and 100k copies of "8080" cost ~5 MB at the peak. Bounded (at most 65,535 small strings,
+in practice a few dozen), so it may live as long as the module."""
+
+
 def _port(p: int) -> str:
-    return _IDX[p] if p < len(_IDX) else str(p)
+    if p < len(_IDX):
+        return _IDX[p]
+    text = _PORTS.get(p)
+    if text is None:
+        text = _PORTS[p] = str(p)
+    return text
 
 
 def _check_port(service: str, what: str, port: int) -> None:
@@ -106,9 +117,9 @@ def normalize_endpoints(fe: Frontend, eps: tuple[Endpoint, ...]) -> tuple[Backen
     order = sorted(seen)
     if fam_cls is ipaddress.IPv4Address:
         return tuple(
-            [(f"{i >> 24}.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}", str(p)) for i, p in order]
+            [(f"{i >> 24}.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}", _port(p)) for i, p in order]
         )
-    return tuple([(str(seen[k].ip), str(k[1])) for k in order])
+    return tuple([(str(seen[k].ip), _port(k[1])) for k in order])
 
 
 def validate(fe: Frontend) -> None:
