@@ -31,7 +31,7 @@ from agent.dataplane.netlink import NetlinkElementSender
 from agent.dataplane.netlink_dump import NetlinkTableReader
 from agent.dataplane.tamper import TamperGuard
 from agent.http_server import HealthServer
-from agent.kube.client import api_client
+from agent.kube.client import api_client, api_host_addresses
 from agent.kube.event_sender import KubeEventSink
 from agent.kube.manifests import ManifestError, load_files
 from agent.kube.node_report import REPORT_LABEL, REPORT_LABEL_VALUE, SOURCES_ANNOTATION
@@ -147,6 +147,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
         on_health=health_ports.update if health_ports else None,
         announcer=announcer,
         freeze_heap=True,
+        # The address this agent reaches the API at is never held (a control-plane VIP is
+        # seen nowhere else): agent/node/holdable.py.
+        api_addresses=api_host_addresses(api),
     )
     held_changed.append(agent.held_changed)
     stop = threading.Event()

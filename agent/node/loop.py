@@ -129,6 +129,7 @@ class Agent:
         announcer: AnnouncerLike | None = None,
         freeze_heap: bool = False,
         sweep_batch: int = SWEEP_BATCH,
+        api_addresses: tuple[IPAddress, ...] = (),
     ) -> None:
         self.cfg = cfg
         self._dataplane = dataplane
@@ -145,6 +146,7 @@ class Agent:
             announcing=announcer is not None,
             health_checks=on_health is not None,
             sweep_batch=sweep_batch,
+            api_addresses=api_addresses,
         )
         self._dirty: set[str] = set()  # Services to recompute at the next step
         self._everything = True  # the next step recomputes every Service

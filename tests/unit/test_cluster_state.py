@@ -107,7 +107,9 @@ class Cluster:
     """A ClusterState on node-1 and the reflectors' stores that feed it."""
 
     def __init__(self, **kw: Any) -> None:
-        config = kw.pop("config", {})
+        # Every test address lies in this pool unless a test says otherwise: an agent serves
+        # only ingress IPs inside its pools (agent/node/holdable.py).
+        config = {"pools": (Pool("test", (POOL,)),), **kw.pop("config", {})}
         self.state = ClusterState(AgentConfig(node_name="node-1", **config), **kw)
         self.services, self.slices, self.nodes = new_stores()
         self.reports: Store[tuple[str, tuple[Any, ...]]] = Store(
