@@ -32,6 +32,7 @@ from agent.dataplane.netlink_dump import NetlinkTableReader
 from agent.dataplane.tamper import TamperGuard
 from agent.http_server import HealthServer
 from agent.kube.client import api_client, api_host_addresses
+from agent.kube.contact_probe import ContactProbe
 from agent.kube.event_sender import KubeEventSink
 from agent.kube.manifests import ManifestError, load_files
 from agent.kube.node_report import REPORT_LABEL, REPORT_LABEL_VALUE, SOURCES_ANNOTATION
@@ -152,11 +153,18 @@ def cmd_agent(args: argparse.Namespace) -> int:
         api_addresses=api_host_addresses(api),
     )
     held_changed.append(agent.held_changed)
+    # Says within seconds when the API stops answering; the announcer then takes nothing new.
+    probe = ContactProbe(api, on_change=announcer.set_cut_off if announcer else lambda c: None)
     stop = threading.Event()
     loop = threading.Thread(target=agent.run, args=(stop,), name="agent", daemon=True)
     helpers = [
         threading.Thread(target=runner.run, args=(stop,), name=name, daemon=True)
-        for name, runner in (("announcer", announcer), ("reporter", reporter), ("tamper", guard))
+        for name, runner in (
+            ("announcer", announcer),
+            ("reporter", reporter),
+            ("tamper", guard),
+            ("api-probe", probe),
+        )
         if runner is not None
     ]
     health = HealthServer(

@@ -13,6 +13,10 @@ The shell between the agent loop and the speaker child (agent/announce/vrrp/proc
   whose frontends are programmed to the node report Lease (LoadBalancerServing).
 
 The speaker keeps running when the API server is away: its instances stay as last planned.
+While the agent is cut off from the API (`set_cut_off`, from agent/kube/contact_probe.py) the
+announcer sends the speaker nothing new: it keeps what it held and was asked to hold, and takes
+on no new address, since whatever it would plan from is what it last heard. Once the API
+answers again it plans from the latest input at once (docs/ownership.md).
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ class Announcer:
         self._nodes: tuple[Node, ...] = ()
         self._reported: dict[str, tuple[IPAddress, ...]] = {}
         self._peers_dirty = True
+        self._cut_off = False
         self._plan: Plan | None = None
         self._held: frozenset[IPAddress] = frozenset()
         self._last_seq = 0
@@ -146,6 +151,28 @@ class Announcer:
                 self._peers_dirty = True
                 self._cond.notify()
 
+    def set_cut_off(self, cut_off: bool) -> None:
+        """Record whether the agent is cut off from the API server (no new plan meanwhile)."""
+        with self._cond:
+            if cut_off == self._cut_off:
+                return
+            self._cut_off = cut_off
+            self._peers_dirty = True  # plan again on return, even if the input is the same
+            held = len(self._held)
+            self._cond.notify()
+        if cut_off:
+            log.warning(
+                "cut off from the API: the speaker keeps its instances; no new address is taken",
+                extra={"held": held},
+            )
+        else:
+            log.info("API reachable again: planning from the latest input")
+
+    def cut_off(self) -> bool:
+        """Return True while the agent is cut off from the API server."""
+        with self._cond:
+            return self._cut_off
+
     def held(self) -> frozenset[IPAddress]:
         """Return the addresses this node holds now (on the interface, by the speaker)."""
         with self._cond:
@@ -177,16 +204,22 @@ class Announcer:
     def run(self, stop: threading.Event) -> None:
         """Plan on new input and poll the speaker until `stop` is set."""
         while not stop.is_set():
-            with self._cond:
-                self._cond.wait(timeout=self._poll)
-                inp = self._input
+            self.step(self._poll)
+
+    def step(self, wait: float = 0.0) -> None:
+        """Wait up to `wait` seconds for new input, then plan if it moved and poll the speaker."""
+        with self._cond:
+            self._cond.wait(timeout=wait)
+            inp = self._input
+            frozen, peers_dirty = self._cut_off, False
+            if not frozen:  # cut off: nothing new reaches the speaker (module docstring)
                 peers_dirty, self._peers_dirty = self._peers_dirty, False
-            try:
-                if inp is not None and (inp != self._planned or peers_dirty):
-                    self._replan(inp)
-                self._observe()
-            except Exception:
-                log.exception("announcer step failed")
+        try:
+            if not frozen and inp is not None and (inp != self._planned or peers_dirty):
+                self._replan(inp)
+            self._observe()
+        except Exception:
+            log.exception("announcer step failed")
 
     def _replan(self, inp: OwnershipInput) -> None:
         if inp != self._planned:

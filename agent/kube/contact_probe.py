@@ -1,0 +1,88 @@
+"""The agent's probe of the API server: says within seconds when the agent is cut off.
+
+A thread asks the API server for its version every `interval` seconds (a small, unauthorised-
+friendly GET that touches no etcd: `system:public-info-viewer` allows it), with a short
+timeout, and decides from the outcomes whether the agent is cut off (agent/kube/contact.py).
+On a change it logs (WARNING when cut off, with how long and the last error; INFO when the API
+answers again), sets `nodelb_api_cut_off`, and calls `on_change(cut_off)`: the announcer then
+stops (or resumes) taking new addresses.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from agent.kube import metrics
+from agent.kube.contact import Contact, Reach, answered, decide, failed
+
+log = logging.getLogger(__name__)
+
+
+class ContactProbe:
+    """See the module docstring. `run(stop)` in a thread of its own; nothing in the constructor."""
+
+    def __init__(
+        self,
+        api: Any,
+        *,
+        on_change: Callable[[bool], None] = lambda cut_off: None,
+        interval: float = 1.0,
+        timeout: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+        ask: Callable[[float], object] | None = None,
+    ) -> None:
+        self._ask = ask or (lambda t: client.VersionApi(api).get_code(_request_timeout=t))
+        self._on_change = on_change
+        self._interval = interval
+        self._timeout = timeout
+        self._clock = clock
+        self.contact = Contact()
+
+    def probe(self) -> Reach | None:
+        """Send one probe, decide, and act on a change; return the new reach (None: same)."""
+        sent = self._clock()
+        try:
+            self._ask(self._timeout)
+            self.contact = answered(self.contact, at=self._clock())
+        except ApiException as exc:
+            if exc.status:  # the server answered, with an error: it is reachable
+                self.contact = answered(self.contact, at=self._clock())
+            else:
+                self.contact = failed(self.contact, sent=sent, error=str(exc).strip())
+        except Exception as exc:
+            self.contact = failed(self.contact, sent=sent, error=f"{type(exc).__name__}: {exc}")
+        now = self._clock()
+        self.contact, change = decide(self.contact, now=now)
+        if change is Reach.CUT_OFF:
+            c = self.contact
+            since = c.failing_since if c.failing_since is not None else c.last_answer
+            log.warning(
+                "cut off from the API server: no answer for %.1fs (%s); keeping what this node"
+                " holds, taking no new addresses",
+                now - (since if since is not None else now),
+                c.error or "requests hang",
+            )
+            metrics.API_CUT_OFF.set(1)
+            self._on_change(True)
+        elif change is Reach.CONNECTED:
+            log.info("the API server answers again")
+            metrics.API_CUT_OFF.set(0)
+            self._on_change(False)
+        return change
+
+    def run(self, stop: threading.Event) -> None:
+        """Probe every `interval` seconds until `stop` is set."""
+        while not stop.is_set():
+            started = self._clock()
+            try:
+                self.probe()
+            except Exception:
+                log.exception("API probe failed")
+            stop.wait(max(0.0, self._interval - (self._clock() - started)))
