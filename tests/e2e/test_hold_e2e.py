@@ -13,6 +13,7 @@ import contextlib
 import functools
 import ipaddress
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from lab import client, netns
 from lab.cluster import LAB_ANNOUNCE, ClusterLab, tcp_port
 from lab.controlplane import API_PORT
-from lab.topology import CONTROLPLANE4
+from lab.topology import CONTROLPLANE4, LabNode
 from lab.vrrp_lab import holds
 from lab.wait import wait_until
 
@@ -115,3 +116,65 @@ def test_a_status_naming_the_api_server_leaves_the_control_plane_reachable(
     finally:
         with contextlib.suppress(ApiException):
             cluster.delete_service("grab")
+
+
+def blackhole(ns: str, *, on: bool) -> None:
+    """Add (or remove) a blackhole route to the API server inside node namespace `ns`."""
+    verb = "add" if on else "del"
+    netns.run(ns, ["ip", "-4", "route", verb, "blackhole", f"{CONTROLPLANE4}/32"], check=on)
+
+
+def gauge(cluster: ClusterLab, node: str) -> float:
+    return metric(cluster, node, "nodelb_api_cut_off")
+
+
+def test_an_agent_cut_off_from_the_api_says_so_keeps_what_it_holds_and_takes_nothing_new(
+    cluster: ClusterLab,
+) -> None:
+    kept, fresh = ipaddress.ip_address("198.18.0.221"), ipaddress.ip_address("198.18.0.222")
+    cluster.create_service("kept", ports=[tcp_port(80)], lb_ip=[str(kept)])
+    blackholed: str | None = None
+    try:
+        cluster.write_endpointslices("kept", ["pod-1-1", "pod-2-1", "pod-3-1"])
+        found = wait_until(
+            lambda: next((n for n in cluster.nodes if holds(n, kept)), None),
+            CONVERGE,
+            f"{kept} held",
+        )
+        assert found is not None
+        cut: LabNode = found
+        said = cluster.agent_log(cut.name).count("cut off from the API server")
+        blackhole(cut.ns, on=True)
+        blackholed = cut.ns
+        started = time.monotonic()
+        wait_until(
+            lambda: cluster.agent_log(cut.name).count("cut off from the API server") > said,
+            CONVERGE,
+            f"{cut.name} logging that it is cut off",
+        )
+        print(f"cut off logged after {time.monotonic() - started:.1f}s")
+        assert gauge(cluster, cut.name) == 1.0
+        # A Service created meanwhile: the cut-off node cannot learn it and takes nothing;
+        # the others elect a holder among themselves (it does not advertise for it).
+        cluster.create_service("fresh", ports=[tcp_port(80)], lb_ip=[str(fresh)])
+        cluster.write_endpointslices("fresh", ["pod-1-1", "pod-2-1", "pod-3-1"])
+        wait_until(
+            lambda: [n.name for n in cluster.nodes if holds(n, fresh)] not in ([], [cut.name]),
+            CONVERGE,
+            f"{fresh} held by a node that can reach the API",
+        )
+        for _ in range(WATCH_ROUNDS):
+            assert holds(cut, kept), f"{cut.name} let go of {kept} while cut off"
+            assert not holds(cut, fresh), f"{cut.name} took {fresh} while cut off"
+            results = client.tcp_requests(cluster.client_ns, kept, 80, 2, timeout=1.0)
+            assert all(isinstance(r, client.Reply) for r in results), results
+        blackhole(cut.ns, on=False)
+        blackholed = None
+        wait_until(lambda: gauge(cluster, cut.name) == 0.0, CONVERGE, f"{cut.name} back in touch")
+        assert "the API server answers again" in cluster.agent_log(cut.name)
+    finally:
+        if blackholed is not None:
+            blackhole(blackholed, on=False)
+        for name in ("kept", "fresh"):
+            with contextlib.suppress(ApiException):
+                cluster.delete_service(name)
