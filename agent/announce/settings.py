@@ -10,7 +10,7 @@
       ipv4VRIDs: "1-255"          # the VRID range per family, "first-last"
       ipv6VRIDs: "1-255"
       nodeSelector: {matchLabels: {...}, matchExpressions: [{key, operator, values}]}
-      gratuitous: {count: 5, spacingMs: 200, refreshSeconds: null}
+      gratuitous: {count: 5, spacingMs: 200, refreshSeconds: 60}  # 0 or null: no refresh
       reportNamespace: nodelb-system  # where each node's report Lease lives
       reportLeaseSeconds: 30
       speakerCPU: null            # pin the speaker to this CPU and the agent to the others
@@ -33,7 +33,7 @@ from agent.announce.ownership import (
     VridRange,
 )
 from agent.announce.vrrp.codec import DEFAULT_CHECKSUM_MODE, ChecksumMode
-from agent.announce.vrrp.config import GratuitousConfig
+from agent.announce.vrrp.config import DEFAULT_REFRESH_S, GratuitousConfig
 
 KNOWN = {
     "enabled",
@@ -68,7 +68,9 @@ class AnnounceSettings:
     preempt_delay_cs: int = 0
     checksum_mode: ChecksumMode = DEFAULT_CHECKSUM_MODE
     ownership: OwnershipConfig = field(default_factory=OwnershipConfig)
-    gratuitous: GratuitousConfig = field(default_factory=GratuitousConfig)
+    gratuitous: GratuitousConfig = field(
+        default_factory=lambda: GratuitousConfig(refresh_s=DEFAULT_REFRESH_S)
+    )
     report_namespace: str = "nodelb-system"
     report_lease_seconds: int = 30
     # On kernels without full preemption a long nft commit in the agent can delay the
@@ -148,12 +150,13 @@ def parse_announce(raw: Any) -> AnnounceSettings:
             f"announce.checksumMode: {raw.get('checksumMode')!r} is not one of "
             f"{', '.join(m.value for m in ChecksumMode)}"
         ) from None
-    refresh = g.get("refreshSeconds")
+    # Absent: the default refresh; 0 or null: none (only takeovers are announced).
+    refresh = g.get("refreshSeconds", DEFAULT_REFRESH_S)
     try:
         gratuitous = GratuitousConfig(
             count=int(g.get("count", 5)),
             spacing_ms=int(g.get("spacingMs", 200)),
-            refresh_s=None if refresh is None else float(refresh),
+            refresh_s=None if refresh is None or refresh == 0 else float(refresh),
         )
         ownership = OwnershipConfig(
             selector=_selector(raw.get("nodeSelector")),

@@ -17,8 +17,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from agent.announce.metrics import SpeakerMetrics
+from agent.announce.settings import parse_announce
 from agent.announce.vrrp.codec import ChecksumMode, DecodeReason
-from agent.announce.vrrp.config import GratuitousConfig
+from agent.announce.vrrp.config import DEFAULT_REFRESH_S, GratuitousConfig
 from agent.announce.vrrp.control import SpeakerStatus
 from agent.announce.vrrp.speaker import DropReason
 from lab import netns
@@ -196,3 +197,41 @@ def test_a_master_refreshes_its_announcements_periodically(
     status = sp.status()
     assert status is not None
     assert dict(status.gratuitous).get((4, "arp_reply"), 0) == 0
+
+
+def test_a_default_install_refreshes_its_announcements_after_the_default_interval(
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers
+) -> None:
+    """Issue #18 item 7: with the `announce` settings an install gets by default, a Master
+    sends one more gratuitous round `DEFAULT_REFRESH_S` after its takeover burst."""
+    lab = make_lab(LabSpec(nodes=1, pods_per_node=0, with_controlplane=False))
+    assert lab.client is not None
+    (n1,) = lab.nodes
+    gratuitous = parse_announce({}).gratuitous
+    assert gratuitous.refresh_s == DEFAULT_REFRESH_S
+    capture = start_capture(lab, lab.client, name="capture")
+    speakers.start(lab, n1, instances(100), gratuitous=gratuitous, name="n1")
+
+    def rounds(kind: str, target: str, op: int) -> list[int]:
+        return [
+            f.t_ns
+            for f in parse_capture(lab.log_of(capture))
+            if f.kind == kind and f.target == target and f.op == op
+        ]
+
+    wanted = [("arp", str(VIP4), 1), ("arp", str(VIP4), 2), ("na", str(VIP6), -1)]
+
+    def refreshed() -> dict[tuple[str, str, int], list[int]] | None:
+        got = {w: rounds(*w) for w in wanted}
+        return got if all(len(t) > gratuitous.count for t in got.values()) else None
+
+    seen = wait_until(
+        refreshed, DEFAULT_REFRESH_S + TIMEOUT, "a refresh round after the takeover burst"
+    )
+    assert seen is not None
+    for key, times in seen.items():
+        burst_end, refresh = times[gratuitous.count - 1], times[gratuitous.count]
+        gap_s = (refresh - burst_end) / 1e9
+        print(f"{key}: refresh {gap_s:.3f}s after the burst")
+        # The refresh comes one interval after the last burst round, not before.
+        assert gap_s >= DEFAULT_REFRESH_S - 0.01, (key, gap_s)

@@ -16,6 +16,12 @@ from agent.announce.vrrp.machine import DEFAULT_ADVER_INT_CS, DEFAULT_PRIORITY, 
 from agent.model.net import IPAddress
 
 
+# A Master repeats one gratuitous round this often unless told otherwise (`announce.gratuitous.
+# refreshSeconds`): a fifth of the 300 s FDB ageing most switches and the Linux bridge default
+# to, and far inside gateways' ARP timeouts (1200 s to 4 h). docs/decisions.md has the evidence.
+DEFAULT_REFRESH_S = 60.0
+
+
 @dataclass(frozen=True, slots=True)
 class GratuitousConfig:
     """How takeovers are announced: a burst of `count` rounds `spacing_ms` apart.
