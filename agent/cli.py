@@ -35,7 +35,12 @@ from agent.kube.client import api_client, api_host_addresses
 from agent.kube.contact_probe import ContactProbe
 from agent.kube.event_sender import KubeEventSink
 from agent.kube.manifests import ManifestError, load_files
-from agent.kube.node_report import REPORT_LABEL, REPORT_LABEL_VALUE, SOURCES_ANNOTATION
+from agent.kube.node_report import (
+    MAC_ANNOTATION,
+    REPORT_LABEL,
+    REPORT_LABEL_VALUE,
+    SOURCES_ANNOTATION,
+)
 from agent.kube.node_reporter import NodeReporter
 from agent.node.cluster_state import ClusterState, Dirty, listed
 from agent.node.healthcheck import HealthCheckServers
@@ -208,7 +213,11 @@ def node_reporter(api: Any, cfg: AgentConfig, announcer: Announcer) -> NodeRepor
         namespace=cfg.announce.report_namespace,
         duration=duration,
         renew_every=duration / 3,
-        extra={SOURCES_ANNOTATION: ",".join(map(str, announcer.sources()))},
+        extra={
+            SOURCES_ANNOTATION: ",".join(map(str, announcer.sources())),
+            # The speakers of the other nodes accept this node's adverts only from this MAC.
+            **({MAC_ANNOTATION: announcer.mac} if announcer.mac else {}),
+        },
     )
 
 

@@ -93,8 +93,12 @@ def speaker_config(
     gratuitous: GratuitousConfig | None = None,
     extra_peers: Iterable[IPAddress] = (),
 ) -> SpeakerConfig:
-    """Return the config of a speaker on `node` that accepts adverts from every other node."""
-    peers: set[IPAddress] = set(extra_peers)
+    """Return the config of a speaker on `node` that accepts adverts from every other node.
+
+    `extra_peers` are keepalived boxes: accepted as peers, with any priority.
+    """
+    extra = frozenset(extra_peers)
+    peers: set[IPAddress] = set(extra)
     for other in lab.nodes:
         if other.name != node.name:
             peers.add(other.ip4)
@@ -103,6 +107,7 @@ def speaker_config(
         interface=node.ifname,
         source4=node.ip4,
         peers=frozenset(peers),
+        keepalived_peers=extra,
         instances=tuple(instances),
         gratuitous=gratuitous if gratuitous is not None else GratuitousConfig(),
     )

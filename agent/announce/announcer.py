@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from pyroute2 import IPRoute
 
-from agent.announce.inputs import OwnershipInput, peer_sources, speaker_config
+from agent.announce.inputs import OwnershipInput, peer_macs, peer_sources, speaker_config
 from agent.announce.metrics import SpeakerMetrics
 from agent.announce.ownership import Plan, plan
 from agent.announce.settings import AnnounceSettings
@@ -40,6 +40,7 @@ from agent.announce.vrrp.config import SpeakerConfig
 from agent.announce.vrrp.control import InstanceStatus, SpeakerStatus
 from agent.announce.vrrp.process import SpeakerProcess
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
+from agent.kube.node_report import PeerReport
 from agent.model.net import IPAddress
 from agent.model.node import Node
 
@@ -50,6 +51,16 @@ class Reporter(Protocol):
     """Where the served IPs go (agent.kube.node_report.NodeReporter)."""
 
     def update(self, ips: Any) -> None: ...
+
+
+def interface_mac(ifname: str) -> str | None:
+    """Return the interface's MAC as `aa:bb:cc:dd:ee:ff` (None: it has none)."""
+    with IPRoute() as ipr:
+        found = ipr.link_lookup(ifname=ifname)
+        if not found:
+            raise LookupError(f"announce.interface: no interface {ifname!r} on this node")
+        mac = ipr.get_links(found[0])[0].get_attr("IFLA_ADDRESS")
+    return str(mac).lower() if mac else None
 
 
 def interface_sources(ifname: str) -> tuple[ipaddress.IPv4Address | None, IPAddress | None]:
@@ -96,7 +107,7 @@ class Announcer:
         self._input: OwnershipInput | None = None
         self._planned: OwnershipInput | None = None
         self._nodes: tuple[Node, ...] = ()
-        self._reported: dict[str, tuple[IPAddress, ...]] = {}
+        self._reported: dict[str, PeerReport] = {}
         self._peers_dirty = True
         self._cut_off = False
         self._plan: Plan | None = None
@@ -107,6 +118,7 @@ class Announcer:
         self._speaker: SpeakerProcess | None = None
         self.source4: ipaddress.IPv4Address | None = None
         self.link_local: IPAddress | None = None
+        self.mac: str | None = None  # the interface's, published in the node report
         self.status: SpeakerStatus | None = None
 
     # -- agent side ------------------------------------------------------------------------
@@ -114,6 +126,7 @@ class Announcer:
     def start(self) -> None:
         """Find the interface's addresses and start the speaker with no instance yet."""
         self.source4, self.link_local = interface_sources(self.settings.interface)
+        self.mac = interface_mac(self.settings.interface)
         config = self._config(frozenset())
         cpu = self.settings.speaker_cpu
         self._speaker = SpeakerProcess(
@@ -143,8 +156,8 @@ class Announcer:
                 self._peers_dirty = True
             self._cond.notify()
 
-    def set_reported_sources(self, reported: Mapping[str, tuple[IPAddress, ...]]) -> None:
-        """Record the VRRP source addresses other nodes report (their IPv6 link-locals)."""
+    def set_reported_sources(self, reported: Mapping[str, PeerReport]) -> None:
+        """Record what other nodes report of their adverts (IPv6 link-local source, MAC)."""
         with self._cond:
             if dict(reported) != self._reported:
                 self._reported = dict(reported)
@@ -227,7 +240,8 @@ class Announcer:
             self._planned = inp
         with self._cond:
             peers = peer_sources(self._nodes, self._reported, self.node)
-        config = self._config(peers)
+            macs = peer_macs(self._nodes, self._reported, self.node)
+        config = self._config(peers, macs)
         assert self._speaker is not None
         if config != self._speaker.config:
             self._speaker.update(config)
@@ -236,13 +250,16 @@ class Announcer:
                 extra={"instances": len(config.instances), "peers": len(peers)},
             )
 
-    def _config(self, peers: frozenset[IPAddress]) -> SpeakerConfig:
+    def _config(
+        self, peers: frozenset[IPAddress], macs: Mapping[IPAddress, str] | None = None
+    ) -> SpeakerConfig:
         return speaker_config(
             node=self.node,
             plan=self._plan,
             settings=self.settings,
             source4=self.source4,
             peers=peers,
+            peer_macs=macs or {},
         )
 
     def _observe(self) -> None:

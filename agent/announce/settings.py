@@ -15,12 +15,14 @@
       reportLeaseSeconds: 30
       speakerCPU: null            # pin the speaker to this CPU and the agent to the others
       realtimePriority: 0         # SCHED_RR priority of the speaker (needs CAP_SYS_NICE)
+      keepalivedPeers: []         # keepalived boxes on the segment: peers, any priority
 
 Parsed once, with errors naming the key, into frozen values (`AnnounceSettings`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +36,7 @@ from agent.announce.ownership import (
 )
 from agent.announce.vrrp.codec import DEFAULT_CHECKSUM_MODE, ChecksumMode
 from agent.announce.vrrp.config import DEFAULT_REFRESH_S, GratuitousConfig
+from agent.model.net import IPAddress
 
 KNOWN = {
     "enabled",
@@ -50,6 +53,7 @@ KNOWN = {
     "reportLeaseSeconds",
     "speakerCPU",
     "realtimePriority",
+    "keepalivedPeers",
 }
 
 
@@ -77,6 +81,10 @@ class AnnounceSettings:
     # speaker's timers when both share a CPU; pinning them apart keeps adverts on time.
     speaker_cpu: int | None = None
     realtime_priority: int = 0
+    # Peers that are not nodelb (keepalived standing in as a backup): their adverts are
+    # accepted and may carry any priority; nodelb peers may not send 255 or leave the plan's
+    # rank range (docs/vrrp.md).
+    keepalived_peers: frozenset[IPAddress] = frozenset()
 
 
 def _int(raw: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
@@ -131,6 +139,20 @@ def _selector(raw: Any) -> NodeSelector | None:
         raise AnnounceConfigError(f"announce.nodeSelector: {exc}") from None
 
 
+def _addresses(raw: Any, key: str) -> frozenset[IPAddress]:
+    if raw is None:
+        return frozenset()
+    if not isinstance(raw, list):
+        raise AnnounceConfigError(f"announce.{key}: expected a list of addresses, got {raw!r}")
+    out: set[IPAddress] = set()
+    for i, item in enumerate(raw):
+        try:
+            out.add(ipaddress.ip_address(str(item)))
+        except ValueError:
+            raise AnnounceConfigError(f"announce.{key}[{i}]: {item!r} is not an address") from None
+    return frozenset(out)
+
+
 def parse_announce(raw: Any) -> AnnounceSettings:
     """Return the validated announce settings (absent section: announcing off)."""
     if raw is None:
@@ -183,4 +205,5 @@ def parse_announce(raw: Any) -> AnnounceSettings:
         report_lease_seconds=_int(raw, "reportLeaseSeconds", 30, 2, 3600),
         speaker_cpu=None if raw.get("speakerCPU") is None else _int(raw, "speakerCPU", 0, 0, 4095),
         realtime_priority=_int(raw, "realtimePriority", 0, 0, 99),
+        keepalived_peers=_addresses(raw.get("keepalivedPeers"), "keepalivedPeers"),
     )

@@ -29,6 +29,7 @@ from typing import Any
 
 from agent.announce.inputs import OwnershipIndex, OwnershipInput, OwnershipView, ownership_view
 from agent.config import AgentConfig
+from agent.kube.node_report import PeerReport
 from agent.kube.store import Change
 from agent.model.desired_state import DesiredState, FrontendKey
 from agent.model.endpoint_slice import BadSlice, Slice
@@ -51,9 +52,9 @@ from agent.node.service_frontends import (
 
 SWEEP_BATCH = 50  # Services a periodic resync recomputes per sync (see ClusterState.start_sweep)
 
-ReportSources = tuple[str, tuple[IPAddress, ...]]
-"""One node report Lease as agent.kube.node_report.report_sources parses it: the node's name
-and the addresses its VRRP adverts come from."""
+ReportSources = PeerReport
+"""One node report Lease as agent.kube.node_report.report_sources parses it: the node it is
+named for, the addresses its VRRP adverts come from and their MAC."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +76,13 @@ class Dirty:
     node's own record changed, the first sync, a failed one). `sync` is True when anything the
     DesiredState or the ownership input reads changed, even with no Service to recompute
     (another Node's readiness when announcing, the held addresses). `reported` is every node's
-    advert sources when a node report changed; None when none did.
+    advert report (by node) when a node report changed; None when none did.
     """
 
     services: frozenset[str] = frozenset()
     everything: bool = False
     sync: bool = False
-    reported: Mapping[str, tuple[IPAddress, ...]] | None = None
+    reported: Mapping[str, PeerReport] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,14 +216,16 @@ class ClusterState:
             if reserved != self._hold.reserved:
                 self._hold = dataclasses.replace(self._hold, reserved=reserved)
                 mine = True
-        reported: dict[str, tuple[IPAddress, ...]] | None = None
+        reported: dict[str, PeerReport] | None = None
         if changes.reports:
             for r in changes.reports:
                 if r.new is None:
                     self._reports.pop(r.key, None)
                 else:
                     self._reports[r.key] = r.new
-            reported = dict(self._reports.values())
+            # Lease names are unique in the namespace and each names its node, so no report
+            # can stand in for another node's.
+            reported = {p.node: p for p in self._reports.values() if p.problem is None}
         # Other nodes' readiness and labels decide ownership, not this node's frontends.
         others = bool(changes.nodes) and self._announcing
         sync = bool(changes.services or changes.slices or changes.held or mine or others)

@@ -23,7 +23,7 @@ from agent.announce.inputs import (
 from agent.announce.ownership import IPUse, OwnershipConfig, plan, rank_nodes
 from agent.announce.settings import AnnounceConfigError, AnnounceSettings, parse_announce
 from agent.announce.vrrp.config import DEFAULT_REFRESH_S
-from agent.kube.node_report import parse_sources
+from agent.kube.node_report import PeerReport, parse_sources
 from agent.model.endpoint_slice import AddressType, Slice, SliceEndpoint
 from agent.model.net import IPAddress
 from agent.model.node import Node
@@ -137,7 +137,12 @@ def test_peers_are_other_nodes_v4_and_their_reported_link_locals() -> None:
         Node("me", None, True, (IP("198.18.0.11"),), ()),
         Node("n2", None, True, (IP("198.18.0.12"), IP("2001:db8::12")), ()),
     ]
-    reported = {"me": parse_sources("198.18.0.11,fe80::1"), "n2": parse_sources("fe80::2,junk")}
+    reported = {
+        "me": PeerReport("me", parse_sources("198.18.0.11,fe80::1")),
+        "n2": PeerReport("n2", parse_sources("fe80::2,junk")),
+        # A report for a node that is no Node adds no peer.
+        "ghost": PeerReport("ghost", parse_sources("fe80::66")),
+    }
     assert peer_sources(nodes, reported, "me") == {IP("198.18.0.12"), IP("fe80::2")}
 
 

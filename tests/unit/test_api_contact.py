@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry
 
+from agent.announce import announcer as announcer_module
 from agent.announce.announcer import Announcer
 from agent.announce.inputs import OwnershipInput, ip_use, node_states
+from agent.announce.metrics import SpeakerMetrics
 from agent.announce.ownership import ServiceUse
 from agent.announce.settings import AnnounceSettings
 from agent.announce.vrrp.config import SpeakerConfig
@@ -188,7 +190,13 @@ def addresses(config: SpeakerConfig) -> set[Any]:
     return {a for inst in config.instances for a in inst.addresses}
 
 
-def test_a_cut_off_announcer_sends_the_speaker_nothing_new_until_the_api_answers() -> None:
+def test_a_cut_off_announcer_sends_the_speaker_nothing_new_until_the_api_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its speaker metrics on a registry of their own, not the process-wide one.
+    monkeypatch.setattr(
+        announcer_module, "SpeakerMetrics", lambda: SpeakerMetrics(CollectorRegistry())
+    )
     announcer = Announcer(
         AnnounceSettings(enabled=True), "node-1", events=ListSink(), on_held_change=lambda: None
     )
