@@ -36,6 +36,9 @@ _REPO_ROOT = Path(__file__).resolve().parents[1]
 SO_TIMESTAMPNS = 35  # <asm/socket.h>; not exported by Python's socket module
 
 
+IP_FREEBIND = 15  # <linux/in.h>
+IPV6_FREEBIND = 78  # <linux/in6.h>
+
 def link_local(host: Host) -> IPAddress:
     """Return the IPv6 link-local address of `host`'s segment interface."""
     out = netns.run(host.ns, ["ip", "-j", "-6", "addr", "show", "dev", host.ifname])
@@ -332,12 +335,15 @@ def send_main(args: list[str]) -> None:
             socket.IP_MULTICAST_IF,
             b"\x00" * 8 + struct.pack("@i", ifindex),
         )
+        # Freebind: a forger on the segment sends from an address that is not its own.
+        sock.setsockopt(socket.IPPROTO_IP, IP_FREEBIND, 1)
         sock.bind((src_text, 0))
         target: tuple[Any, ...] = (str(dst), 0)
     else:
         sock = socket.socket(socket.AF_INET6, socket.SOCK_RAW, 112)
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, int(ttl))
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_IF, ifindex)
+        sock.setsockopt(socket.IPPROTO_IPV6, IPV6_FREEBIND, 1)
         sock.bind((src_text, 0, 0, ifindex))
         target = (str(dst), 0, 0, ifindex)
     for _ in range(int(count)):
