@@ -12,19 +12,22 @@ from __future__ import annotations
 import contextlib
 import functools
 import ipaddress
+import json
 import sys
 import time
 from typing import Any
 
 import pytest
+from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.model.net import IPAddress
 from lab import client, netns
-from lab.cluster import LAB_ANNOUNCE, ClusterLab, tcp_port
+from lab.cluster import LAB_ANNOUNCE, NODELB_NAMESPACE, ClusterLab, tcp_port
 from lab.controlplane import API_PORT
 from lab.topology import CONTROLPLANE4, LabNode
-from lab.vrrp_lab import holds
+from lab.vrrp_lab import holds, link_local, mac_of, neighbour_mac
 from lab.wait import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -178,3 +181,108 @@ def test_an_agent_cut_off_from_the_api_says_so_keeps_what_it_holds_and_takes_not
         for name in ("kept", "fresh"):
             with contextlib.suppress(ApiException):
                 cluster.delete_service(name)
+
+
+def holder_of(cluster: ClusterLab, ip: IPAddress) -> LabNode | None:
+    return next((n for n in cluster.nodes if holds(n, ip)), None)
+
+
+def vrid_of(cluster: ClusterLab, node: str, ip: IPAddress) -> int:
+    code, body = cluster.agent_get(node, "/status")
+    assert code == 200
+    for inst in json.loads(body)["vrrp"]:
+        if str(ip) in inst["addresses"]:
+            return int(inst["vrid"])
+    raise AssertionError(f"{node} runs no instance for {ip}")
+
+
+def dropped(cluster: ClusterLab, node: str, family: int, reason: str) -> float:
+    code, body = cluster.agent_get(node, "/metrics")
+    assert code == 200
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(body)
+        for s in fam.samples
+        if s.name == "nodelb_vrrp_adverts_dropped_total"
+        and s.labels.get("family") == f"IPv{family}"
+        and s.labels.get("reason") == reason
+    )
+
+
+def forge(cluster: ClusterLab, family: int, src: IPAddress, vrid: int, vip: IPAddress) -> None:
+    """Send priority-255 adverts for `vrid` from the client, with source address `src`."""
+    argv = [sys.executable, "-m", "lab.vrrp_lab", "send", family, src, vrid, 255, 255, 20]
+    netns.run(cluster.client_ns, [*map(str, argv), "rfc5798", str(vip)])
+
+
+def test_forged_adverts_and_a_forged_report_leave_the_holder_holding(cluster: ClusterLab) -> None:
+    """Issue #18 item 6 with real agents: every node publishes its MAC; a Lease forged to lend
+    the client's link-local address to node-2 is ignored, so the client's IPv6 adverts are
+    not a peer's; IPv4 adverts forged from a non-holder's address carry the client's MAC and
+    are dropped. The holders keep holding and fresh clients are served."""
+    ips = (ipaddress.ip_address("198.18.0.224"), ipaddress.ip_address("2001:db8::224"))
+    cluster.create_service("guarded", ports=[tcp_port(80)], lb_ip=[str(i) for i in ips])
+    leases = kclient.CoordinationV1Api(cluster.api)
+    forged_name = "nodelb-node-intruder"
+    try:
+        cluster.write_endpointslices("guarded", ["pod-1-1", "pod-2-1", "pod-3-1"])
+        holders: dict[IPAddress, LabNode] = {}
+        for ip in ips:
+            found = wait_until(functools.partial(holder_of, cluster, ip), CONVERGE, f"{ip} held")
+            assert found is not None
+            holders[ip] = found
+        for node in cluster.nodes:
+            report = leases.read_namespaced_lease(f"nodelb-node-{node.name}", NODELB_NAMESPACE)
+            assert report.metadata is not None
+            annotations = report.metadata.annotations or {}
+            assert annotations.get("nodelb.io/vrrp-mac") == mac_of(node), node.name
+
+        assert cluster.lab.client is not None
+        client_ll = link_local(cluster.lab.client)
+        victim6 = next(n for n in cluster.nodes if n.name != holders[ips[1]].name)
+        body: Any = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": forged_name,
+                "labels": {"nodelb.io/report": "node"},
+                "annotations": {
+                    "nodelb.io/vrrp-sources": f"{victim6.ip4},{client_ll}",
+                    "nodelb.io/vrrp-mac": mac_of(victim6),
+                },
+            },
+            "spec": {"holderIdentity": victim6.name, "leaseDurationSeconds": 3600},
+        }
+        leases.create_namespaced_lease(NODELB_NAMESPACE, body)
+        v4, v6 = ips
+        other4 = next(n for n in cluster.nodes if n.name != holders[v4].name)
+        vrid4 = vrid_of(cluster, holders[v4].name, v4)
+        vrid6 = vrid_of(cluster, holders[v6].name, v6)
+        before = {
+            "v4": dropped(cluster, holders[v4].name, 4, "wrong_mac"),
+            "v6": dropped(cluster, holders[v6].name, 6, "unknown_source"),
+        }
+        for _ in range(3):
+            forge(cluster, 6, client_ll, vrid6, v6)
+            forge(cluster, 4, other4.ip4, vrid4, v4)
+            for ip, holder in holders.items():
+                assert holds(holder, ip), f"{holder.name} let go of {ip} under the attack"
+        wait_until(
+            lambda: (
+                dropped(cluster, holders[v4].name, 4, "wrong_mac") >= before["v4"] + 60
+                and dropped(cluster, holders[v6].name, 6, "unknown_source") >= before["v6"] + 60
+            ),
+            CONVERGE,
+            "the forged adverts counted as dropped on the holders",
+        )
+        for ip, holder in holders.items():
+            assert [n.name for n in cluster.nodes if holds(n, ip)] == [holder.name]
+            netns.run(cluster.client_ns, ["ip", "neigh", "flush", "to", str(ip)], check=False)
+            results = client.tcp_requests(cluster.client_ns, ip, 80, 3, timeout=1.0)
+            assert all(isinstance(r, client.Reply) for r in results), (ip, results)
+            assert neighbour_mac(cluster.client_ns, ip) == mac_of(holder)
+    finally:
+        with contextlib.suppress(ApiException):
+            leases.delete_namespaced_lease(forged_name, NODELB_NAMESPACE)
+        with contextlib.suppress(ApiException):
+            cluster.delete_service("guarded")
