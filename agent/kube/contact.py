@@ -14,7 +14,8 @@ import enum
 from dataclasses import dataclass, replace
 
 GRACE = 2.0  # failures for this long (from the first failed request's start) cut us off
-STALE = 6.0  # no answer at all for this long cuts us off (a probe stuck in a request)
+STALE = 6.0  # no answer at all for this long cuts us off
+TIMEOUT = 2.0  # a request in flight this long has failed, whatever the client does next
 
 
 class Reach(enum.StrEnum):
@@ -30,33 +31,56 @@ class Contact:
 
     `last_answer` is when a request last got an answer (None: never); `failing_since` when the
     first request that failed since then was sent (None: none failed); `error` that failure's
-    text; `reach` the state last decided.
+    text; `pending_since` when the request now in flight was sent (None: none is); `reach` the
+    state last decided.
     """
 
     last_answer: float | None = None
     failing_since: float | None = None
     error: str = ""
+    pending_since: float | None = None
     reach: Reach = Reach.CONNECTED
+
+
+def sent(contact: Contact, *, at: float) -> Contact:
+    """Return the contact with a request sent at `at` in flight."""
+    return replace(contact, pending_since=at)
 
 
 def answered(contact: Contact, *, at: float) -> Contact:
     """Return the contact after a request that got an answer at `at`."""
-    return replace(contact, last_answer=at, failing_since=None, error="")
+    return replace(contact, last_answer=at, failing_since=None, error="", pending_since=None)
 
 
 def failed(contact: Contact, *, sent: float, error: str) -> Contact:
     """Return the contact after a request sent at `sent` failed without an answer."""
     if contact.failing_since is not None:
-        return replace(contact, error=error)
-    return replace(contact, failing_since=sent, error=error)
+        return replace(contact, error=error, pending_since=None)
+    return replace(contact, failing_since=sent, error=error, pending_since=None)
 
 
 def decide(
-    contact: Contact, *, now: float, grace: float = GRACE, stale: float = STALE
+    contact: Contact,
+    *,
+    now: float,
+    grace: float = GRACE,
+    stale: float = STALE,
+    timeout: float = TIMEOUT,
 ) -> tuple[Contact, Reach | None]:
     """Return the contact with its reach decided at `now`, and the new reach when it changed
-    (None: unchanged)."""
-    failing = contact.failing_since is not None and now - contact.failing_since >= grace
+    (None: unchanged).
+
+    A request in flight for longer than `timeout` counts as failed from when it was sent: the
+    HTTP client retries a hung request on its own, so its failure can take several timeouts
+    to surface, and the cut must be said within seconds.
+    """
+    since = contact.failing_since
+    pending = contact.pending_since
+    if pending is not None and now - pending >= timeout:
+        since = pending if since is None else min(since, pending)
+        if contact.failing_since is None:
+            contact = replace(contact, failing_since=pending, error="the request hangs")
+    failing = since is not None and now - since >= grace
     silent = contact.last_answer is not None and now - contact.last_answer >= stale
     reach = Reach.CUT_OFF if failing or silent else Reach.CONNECTED
     if reach is contact.reach:

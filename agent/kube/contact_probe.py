@@ -10,6 +10,7 @@ stops (or resumes) taking new addresses.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -20,7 +21,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from agent.kube import metrics
-from agent.kube.contact import Contact, Reach, answered, decide, failed
+from agent.kube.contact import Contact, Reach, answered, decide, failed, sent
 
 log = logging.getLogger(__name__)
 
@@ -43,25 +44,41 @@ class ContactProbe:
         self._interval = interval
         self._timeout = timeout
         self._clock = clock
+        self._lock = threading.Lock()  # the contact
+        self._acting = threading.Lock()  # one decision acted on at a time, in order
         self.contact = Contact()
 
     def probe(self) -> Reach | None:
         """Send one probe, decide, and act on a change; return the new reach (None: same)."""
-        sent = self._clock()
+        at = self._clock()
+        with self._lock:
+            self.contact = sent(self.contact, at=at)
         try:
             self._ask(self._timeout)
-            self.contact = answered(self.contact, at=self._clock())
+            outcome = functools.partial(answered, at=self._clock())
         except ApiException as exc:
             if exc.status:  # the server answered, with an error: it is reachable
-                self.contact = answered(self.contact, at=self._clock())
+                outcome = functools.partial(answered, at=self._clock())
             else:
-                self.contact = failed(self.contact, sent=sent, error=str(exc).strip())
+                outcome = functools.partial(failed, sent=at, error=str(exc).strip())
         except Exception as exc:
-            self.contact = failed(self.contact, sent=sent, error=f"{type(exc).__name__}: {exc}")
+            outcome = functools.partial(failed, sent=at, error=f"{type(exc).__name__}: {exc}")
+        with self._lock:
+            self.contact = outcome(self.contact)
+        return self.tick()
+
+    def tick(self) -> Reach | None:
+        """Decide now (also while a probe hangs, from the ticker thread) and act on a change;
+        return the new reach (None: same)."""
+        with self._acting:
+            return self._decide()
+
+    def _decide(self) -> Reach | None:
         now = self._clock()
-        self.contact, change = decide(self.contact, now=now)
-        if change is Reach.CUT_OFF:
+        with self._lock:
+            self.contact, change = decide(self.contact, now=now, timeout=self._timeout)
             c = self.contact
+        if change is Reach.CUT_OFF:
             since = c.failing_since if c.failing_since is not None else c.last_answer
             log.warning(
                 "cut off from the API server: no answer for %.1fs (%s); keeping what this node"
@@ -78,7 +95,17 @@ class ContactProbe:
         return change
 
     def run(self, stop: threading.Event) -> None:
-        """Probe every `interval` seconds until `stop` is set."""
+        """Probe every `interval` seconds until `stop` is set (a ticker thread decides in
+        between, so a probe stuck in the HTTP client's retries cannot hide the cut)."""
+
+        def ticker() -> None:
+            while not stop.wait(self._interval / 2):
+                try:
+                    self.tick()
+                except Exception:
+                    log.exception("API contact check failed")
+
+        threading.Thread(target=ticker, name="api-probe-tick", daemon=True).start()
         while not stop.is_set():
             started = self._clock()
             try:

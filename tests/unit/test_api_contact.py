@@ -21,7 +21,7 @@ from agent.announce.metrics import SpeakerMetrics
 from agent.announce.ownership import ServiceUse
 from agent.announce.settings import AnnounceSettings
 from agent.announce.vrrp.config import SpeakerConfig
-from agent.kube.contact import Contact, Reach, answered, decide, failed
+from agent.kube.contact import Contact, Reach, answered, decide, failed, sent
 from agent.kube.contact_probe import ContactProbe
 from agent.model.node import Node
 
@@ -75,6 +75,26 @@ CASES = [
 @pytest.mark.parametrize("case", CASES)
 def test_cut_off_means_failures_for_the_grace_period_or_silence(case: Case) -> None:
     assert run(case.steps).reach is case.reach
+
+
+def test_a_request_that_hangs_past_its_timeout_cuts_off_before_it_returns() -> None:
+    c = answered(Contact(), at=0.0)
+    c = sent(c, at=1.0)
+    c, change = decide(c, now=2.5, timeout=2.0)
+    assert change is None  # still within the request's own timeout
+    c, change = decide(c, now=3.0, timeout=2.0)
+    assert change is Reach.CUT_OFF and c.failing_since == 1.0 and "hangs" in c.error
+    c, change = decide(answered(c, at=9.0), now=9.0)
+    assert change is Reach.CONNECTED and c.pending_since is None
+
+
+def test_the_ticker_says_cut_off_while_the_probe_hangs() -> None:
+    clock = Clock()
+    probe = ContactProbe(None, clock=clock, ask=Api(clock))
+    probe.probe()
+    probe.contact = sent(probe.contact, at=clock.now)  # a probe now stuck in the client
+    clock.now += 2.5
+    assert probe.tick() is Reach.CUT_OFF
 
 
 def test_one_quick_failure_is_not_a_cut_but_failing_on_for_the_grace_period_is() -> None:
