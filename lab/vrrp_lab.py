@@ -39,6 +39,7 @@ SO_TIMESTAMPNS = 35  # <asm/socket.h>; not exported by Python's socket module
 IP_FREEBIND = 15  # <linux/in.h>
 IPV6_FREEBIND = 78  # <linux/in6.h>
 
+
 def link_local(host: Host) -> IPAddress:
     """Return the IPv6 link-local address of `host`'s segment interface."""
     out = netns.run(host.ns, ["ip", "-j", "-6", "addr", "show", "dev", host.ifname])
