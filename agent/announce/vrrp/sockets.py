@@ -38,7 +38,10 @@ VRRP_TTL = 255
 IP_PKTINFO = 8  # <linux/in.h>; not exported by Python's socket module
 SO_ATTACH_FILTER = 26  # <asm-generic/socket.h>
 ETH_P_IP, ETH_P_IPV6 = 0x0800, 0x86DD
-PACKET_OUTGOING = 4  # <linux/if_packet.h>: a frame this host sent
+# <linux/if_packet.h> packet types a host receives (to us, broadcast, multicast); not
+# PACKET_OTHERHOST (3: another host's unicast, seen in promiscuous mode) nor PACKET_OUTGOING
+# (4: a frame this host sent), which a raw IP socket would not have delivered either.
+RECEIVED_TYPES = frozenset({0, 1, 2})
 _RECV_BUFFER = 65535
 
 
@@ -219,7 +222,7 @@ class VrrpSocket:
         except (BlockingIOError, InterruptedError):
             return None
         # addr is (ifname, proto, pkttype, hatype, source MAC) from the frame's sockaddr_ll.
-        if len(addr) < 5 or addr[2] == PACKET_OUTGOING:
+        if len(addr) < 5 or addr[2] not in RECEIVED_TYPES:
             return None
         packet = parse_ipv4(data) if self.family == 4 else parse_ipv6(data)
         if packet is None:
