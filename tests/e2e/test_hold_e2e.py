@@ -211,7 +211,7 @@ def dropped(cluster: ClusterLab, node: str, family: int, reason: str) -> float:
 
 def forge(cluster: ClusterLab, family: int, src: IPAddress, vrid: int, vip: IPAddress) -> None:
     """Send priority-255 adverts for `vrid` from the client, with source address `src`."""
-    argv = [sys.executable, "-m", "lab.vrrp_lab", "send", family, src, vrid, 255, 255, 20]
+    argv = [sys.executable, "-m", "lab.vrrp_lab", "forge", family, src, vrid, 255, 255, 20]
     netns.run(cluster.client_ns, [*map(str, argv), "rfc5798", str(vip)])
 
 

@@ -243,6 +243,12 @@ def test_a_default_install_refreshes_its_announcements_after_the_default_interva
         assert gap_s >= DEFAULT_REFRESH_S - 0.01, (key, gap_s)
 
 
+def forge(lab: Lab, ns: str, *args: object) -> None:
+    """Send adverts as frames from `ns`'s own MAC with any source address (lab.vrrp_lab forge)."""
+    argv = [sys.executable, "-m", "lab.vrrp_lab", "forge", *map(str, args)]
+    netns.run(ns, argv)
+
+
 def guarded(lab: Lab, node: LabNode, other: LabNode, priority: int) -> SpeakerConfig:
     """Return `node`'s speaker config as the agent builds it: the peer's published MAC for
     both of its addresses, and the priority range of a plan of two ranks (with slack)."""
@@ -286,12 +292,12 @@ def test_forged_adverts_from_the_peers_addresses_leave_the_holder_holding(
     lls = {n.name: link_local(n) for n in (n1, n2)}
     for _ in range(3):  # alternating the two peers' addresses, as in the issue
         for node in (n2, n1):
-            send(lab, client_ns, 4, node.ip4, VRID, 255, 255, SPOOFS, rfc, VIP4)
-            send(lab, client_ns, 6, lls[node.name], VRID, 255, 255, SPOOFS, rfc, VIP6)
+            forge(lab, client_ns, 4, node.ip4, VRID, 255, 255, SPOOFS, rfc, VIP4)
+            forge(lab, client_ns, 6, lls[node.name], VRID, 255, 255, SPOOFS, rfc, VIP6)
             assert holds(n1, VIP4) and holds(n1, VIP6), "the holder let go during the attack"
             assert not holds(n2, VIP4) and not holds(n2, VIP6)
     # A rank's priority is let through by the priority check: the MAC check stops it.
-    send(lab, client_ns, 4, n2.ip4, VRID, 254, 255, SPOOFS, rfc, VIP4)
+    forge(lab, client_ns, 4, n2.ip4, VRID, 254, 255, SPOOFS, rfc, VIP4)
     # The real backup sending 255 (a compromised or misconfigured peer): refused too.
     send(lab, n2.ns, 4, n2.ip4, VRID, 255, 255, SPOOFS, rfc, VIP4)
 
