@@ -10,6 +10,7 @@ stops (or resumes) taking new addresses.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import threading
@@ -39,7 +40,9 @@ class ContactProbe:
         clock: Callable[[], float] = time.monotonic,
         ask: Callable[[float], object] | None = None,
     ) -> None:
-        self._ask = ask or (lambda t: client.VersionApi(api).get_code(_request_timeout=t))
+        self._api = api
+        self._ask = ask or self._get_version
+        self._versions: Any = None  # VersionApi on a client of its own, made at first use
         self._on_change = on_change
         self._interval = interval
         self._timeout = timeout
@@ -47,6 +50,15 @@ class ContactProbe:
         self._lock = threading.Lock()  # the contact
         self._acting = threading.Lock()  # one decision acted on at a time, in order
         self.contact = Contact()
+
+    def _get_version(self, timeout: float) -> object:
+        if self._versions is None:
+            # A client of its own without urllib3's retries: a probe fails after one timeout,
+            # and a cut does not log three retry warnings a second.
+            configuration = copy.copy(self._api.configuration)
+            configuration.retries = False
+            self._versions = client.VersionApi(client.ApiClient(configuration))
+        return self._versions.get_code(_request_timeout=timeout)
 
     def probe(self) -> Reach | None:
         """Send one probe, decide, and act on a change; return the new reach (None: same)."""
