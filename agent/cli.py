@@ -31,10 +31,16 @@ from agent.dataplane.netlink import NetlinkElementSender
 from agent.dataplane.netlink_dump import NetlinkTableReader
 from agent.dataplane.tamper import TamperGuard
 from agent.http_server import HealthServer
-from agent.kube.client import api_client
+from agent.kube.client import api_client, api_host_addresses
+from agent.kube.contact_probe import ContactProbe
 from agent.kube.event_sender import KubeEventSink
 from agent.kube.manifests import ManifestError, load_files
-from agent.kube.node_report import REPORT_LABEL, REPORT_LABEL_VALUE, SOURCES_ANNOTATION
+from agent.kube.node_report import (
+    MAC_ANNOTATION,
+    REPORT_LABEL,
+    REPORT_LABEL_VALUE,
+    SOURCES_ANNOTATION,
+)
 from agent.kube.node_reporter import NodeReporter
 from agent.node.cluster_state import ClusterState, Dirty, listed
 from agent.node.healthcheck import HealthCheckServers
@@ -147,13 +153,23 @@ def cmd_agent(args: argparse.Namespace) -> int:
         on_health=health_ports.update if health_ports else None,
         announcer=announcer,
         freeze_heap=True,
+        # The address this agent reaches the API at is never held (a control-plane VIP is
+        # seen nowhere else): agent/node/holdable.py.
+        api_addresses=api_host_addresses(api),
     )
     held_changed.append(agent.held_changed)
+    # Says within seconds when the API stops answering; the announcer then takes nothing new.
+    probe = ContactProbe(api, on_change=announcer.set_cut_off if announcer else lambda c: None)
     stop = threading.Event()
     loop = threading.Thread(target=agent.run, args=(stop,), name="agent", daemon=True)
     helpers = [
         threading.Thread(target=runner.run, args=(stop,), name=name, daemon=True)
-        for name, runner in (("announcer", announcer), ("reporter", reporter), ("tamper", guard))
+        for name, runner in (
+            ("announcer", announcer),
+            ("reporter", reporter),
+            ("tamper", guard),
+            ("api-probe", probe),
+        )
         if runner is not None
     ]
     health = HealthServer(
@@ -197,7 +213,11 @@ def node_reporter(api: Any, cfg: AgentConfig, announcer: Announcer) -> NodeRepor
         namespace=cfg.announce.report_namespace,
         duration=duration,
         renew_every=duration / 3,
-        extra={SOURCES_ANNOTATION: ",".join(map(str, announcer.sources()))},
+        extra={
+            SOURCES_ANNOTATION: ",".join(map(str, announcer.sources())),
+            # The speakers of the other nodes accept this node's adverts only from this MAC.
+            **({MAC_ANNOTATION: announcer.mac} if announcer.mac else {}),
+        },
     )
 
 

@@ -93,8 +93,12 @@ def speaker_config(
     gratuitous: GratuitousConfig | None = None,
     extra_peers: Iterable[IPAddress] = (),
 ) -> SpeakerConfig:
-    """Return the config of a speaker on `node` that accepts adverts from every other node."""
-    peers: set[IPAddress] = set(extra_peers)
+    """Return the config of a speaker on `node` that accepts adverts from every other node.
+
+    `extra_peers` are keepalived boxes: accepted as peers, with any priority.
+    """
+    extra = frozenset(extra_peers)
+    peers: set[IPAddress] = set(extra)
     for other in lab.nodes:
         if other.name != node.name:
             peers.add(other.ip4)
@@ -103,6 +107,7 @@ def speaker_config(
         interface=node.ifname,
         source4=node.ip4,
         peers=frozenset(peers),
+        keepalived_peers=extra,
         instances=tuple(instances),
         gratuitous=gratuitous if gratuitous is not None else GratuitousConfig(),
     )
@@ -340,10 +345,59 @@ def send_main(args: list[str]) -> None:
         time.sleep(0.01)  # pacing only: the receiver's counters are what the test waits on
 
 
+def _ipv4_checksum(header: bytes) -> int:
+    total = sum(int.from_bytes(header[i : i + 2], "big") for i in range(0, len(header), 2))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def forged_frame(mac: bytes, family: int, src: IPAddress, ttl: int, message: bytes) -> bytes:
+    """Return an Ethernet frame carrying `message` (a VRRP advert) to the VRRP group from
+    `src`, with `mac` as the frame's source: what a host forging a peer's address sends."""
+    if family == 4:
+        dst_mac, ethertype = bytes.fromhex("01005e000012"), 0x0800
+        header = bytearray(20)
+        header[0], header[1], header[8], header[9] = 0x45, 0xC0, ttl, 112
+        header[2:4] = (20 + len(message)).to_bytes(2, "big")
+        header[12:16], header[16:20] = src.packed, GROUP4.packed
+        header[10:12] = _ipv4_checksum(bytes(header)).to_bytes(2, "big")
+    else:
+        dst_mac, ethertype = bytes.fromhex("333300000012"), 0x86DD
+        header = bytearray(40)
+        header[0], header[6], header[7] = 0x60, 112, ttl
+        header[4:6] = len(message).to_bytes(2, "big")
+        header[8:24], header[24:40] = src.packed, GROUP6.packed
+    return dst_mac + mac + ethertype.to_bytes(2, "big") + bytes(header) + message
+
+
+def forge_main(args: list[str]) -> None:
+    """Send crafted adverts as whole frames from this host's MAC, with any source address
+    (not only this host's own): FAMILY SRC VRID PRIORITY TTL COUNT CHECKSUM_MODE ADDRESS."""
+    family, src_text, vrid, priority, ttl, count, mode, address = args
+    src = ipaddress.ip_address(src_text)
+    fam = int(family)
+    advert = Advert(
+        vrid=int(vrid), priority=int(priority), max_adver_int=10,
+        addresses=(ipaddress.ip_address(address),),
+    )  # fmt: skip
+    dst = GROUP4 if fam == 4 else GROUP6
+    message = encode(advert, src=src, dst=dst, checksum_mode=ChecksumMode(mode))
+    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+    sock.bind(("eth0", 0))
+    mac = sock.getsockname()[4][:6]
+    frame = forged_frame(mac, fam, src, int(ttl), message)
+    for _ in range(int(count)):
+        sock.send(frame)
+        time.sleep(0.01)  # pacing only: the receiver's counters are what the test waits on
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "capture":
         capture_main(sys.argv[2])
     elif sys.argv[1] == "send":
         send_main(sys.argv[2:])
+    elif sys.argv[1] == "forge":
+        forge_main(sys.argv[2:])
     else:
         raise SystemExit(f"unknown tool {sys.argv[1]!r}")

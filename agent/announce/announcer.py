@@ -13,6 +13,10 @@ The shell between the agent loop and the speaker child (agent/announce/vrrp/proc
   whose frontends are programmed to the node report Lease (LoadBalancerServing).
 
 The speaker keeps running when the API server is away: its instances stay as last planned.
+While the agent is cut off from the API (`set_cut_off`, from agent/kube/contact_probe.py) the
+announcer sends the speaker nothing new: it keeps what it held and was asked to hold, and takes
+on no new address, since whatever it would plan from is what it last heard. Once the API
+answers again it plans from the latest input at once (docs/ownership.md).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any, Protocol
 
 from pyroute2 import IPRoute
 
-from agent.announce.inputs import OwnershipInput, peer_sources, speaker_config
+from agent.announce.inputs import OwnershipInput, peer_macs, peer_sources, speaker_config
 from agent.announce.metrics import SpeakerMetrics
 from agent.announce.ownership import Plan, plan
 from agent.announce.settings import AnnounceSettings
@@ -36,6 +40,7 @@ from agent.announce.vrrp.config import SpeakerConfig
 from agent.announce.vrrp.control import InstanceStatus, SpeakerStatus
 from agent.announce.vrrp.process import SpeakerProcess
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
+from agent.kube.node_report import PeerReport
 from agent.model.net import IPAddress
 from agent.model.node import Node
 
@@ -46,6 +51,16 @@ class Reporter(Protocol):
     """Where the served IPs go (agent.kube.node_report.NodeReporter)."""
 
     def update(self, ips: Any) -> None: ...
+
+
+def interface_mac(ifname: str) -> str | None:
+    """Return the interface's MAC as `aa:bb:cc:dd:ee:ff` (None: it has none)."""
+    with IPRoute() as ipr:
+        found = ipr.link_lookup(ifname=ifname)
+        if not found:
+            raise LookupError(f"announce.interface: no interface {ifname!r} on this node")
+        mac = ipr.get_links(found[0])[0].get_attr("IFLA_ADDRESS")
+    return str(mac).lower() if mac else None
 
 
 def interface_sources(ifname: str) -> tuple[ipaddress.IPv4Address | None, IPAddress | None]:
@@ -92,8 +107,9 @@ class Announcer:
         self._input: OwnershipInput | None = None
         self._planned: OwnershipInput | None = None
         self._nodes: tuple[Node, ...] = ()
-        self._reported: dict[str, tuple[IPAddress, ...]] = {}
+        self._reported: dict[str, PeerReport] = {}
         self._peers_dirty = True
+        self._cut_off = False
         self._plan: Plan | None = None
         self._held: frozenset[IPAddress] = frozenset()
         self._last_seq = 0
@@ -102,6 +118,7 @@ class Announcer:
         self._speaker: SpeakerProcess | None = None
         self.source4: ipaddress.IPv4Address | None = None
         self.link_local: IPAddress | None = None
+        self.mac: str | None = None  # the interface's, published in the node report
         self.status: SpeakerStatus | None = None
 
     # -- agent side ------------------------------------------------------------------------
@@ -109,6 +126,7 @@ class Announcer:
     def start(self) -> None:
         """Find the interface's addresses and start the speaker with no instance yet."""
         self.source4, self.link_local = interface_sources(self.settings.interface)
+        self.mac = interface_mac(self.settings.interface)
         config = self._config(frozenset())
         cpu = self.settings.speaker_cpu
         self._speaker = SpeakerProcess(
@@ -138,13 +156,35 @@ class Announcer:
                 self._peers_dirty = True
             self._cond.notify()
 
-    def set_reported_sources(self, reported: Mapping[str, tuple[IPAddress, ...]]) -> None:
-        """Record the VRRP source addresses other nodes report (their IPv6 link-locals)."""
+    def set_reported_sources(self, reported: Mapping[str, PeerReport]) -> None:
+        """Record what other nodes report of their adverts (IPv6 link-local source, MAC)."""
         with self._cond:
             if dict(reported) != self._reported:
                 self._reported = dict(reported)
                 self._peers_dirty = True
                 self._cond.notify()
+
+    def set_cut_off(self, cut_off: bool) -> None:
+        """Record whether the agent is cut off from the API server (no new plan meanwhile)."""
+        with self._cond:
+            if cut_off == self._cut_off:
+                return
+            self._cut_off = cut_off
+            self._peers_dirty = True  # plan again on return, even if the input is the same
+            held = len(self._held)
+            self._cond.notify()
+        if cut_off:
+            log.warning(
+                "cut off from the API: the speaker keeps its instances; no new address is taken",
+                extra={"held": held},
+            )
+        else:
+            log.info("API reachable again: planning from the latest input")
+
+    def cut_off(self) -> bool:
+        """Return True while the agent is cut off from the API server."""
+        with self._cond:
+            return self._cut_off
 
     def held(self) -> frozenset[IPAddress]:
         """Return the addresses this node holds now (on the interface, by the speaker)."""
@@ -177,16 +217,22 @@ class Announcer:
     def run(self, stop: threading.Event) -> None:
         """Plan on new input and poll the speaker until `stop` is set."""
         while not stop.is_set():
-            with self._cond:
-                self._cond.wait(timeout=self._poll)
-                inp = self._input
+            self.step(self._poll)
+
+    def step(self, wait: float = 0.0) -> None:
+        """Wait up to `wait` seconds for new input, then plan if it moved and poll the speaker."""
+        with self._cond:
+            self._cond.wait(timeout=wait)
+            inp = self._input
+            frozen, peers_dirty = self._cut_off, False
+            if not frozen:  # cut off: nothing new reaches the speaker (module docstring)
                 peers_dirty, self._peers_dirty = self._peers_dirty, False
-            try:
-                if inp is not None and (inp != self._planned or peers_dirty):
-                    self._replan(inp)
-                self._observe()
-            except Exception:
-                log.exception("announcer step failed")
+        try:
+            if not frozen and inp is not None and (inp != self._planned or peers_dirty):
+                self._replan(inp)
+            self._observe()
+        except Exception:
+            log.exception("announcer step failed")
 
     def _replan(self, inp: OwnershipInput) -> None:
         if inp != self._planned:
@@ -194,7 +240,8 @@ class Announcer:
             self._planned = inp
         with self._cond:
             peers = peer_sources(self._nodes, self._reported, self.node)
-        config = self._config(peers)
+            macs = peer_macs(self._nodes, self._reported, self.node)
+        config = self._config(peers, macs)
         assert self._speaker is not None
         if config != self._speaker.config:
             self._speaker.update(config)
@@ -203,13 +250,16 @@ class Announcer:
                 extra={"instances": len(config.instances), "peers": len(peers)},
             )
 
-    def _config(self, peers: frozenset[IPAddress]) -> SpeakerConfig:
+    def _config(
+        self, peers: frozenset[IPAddress], macs: Mapping[IPAddress, str] | None = None
+    ) -> SpeakerConfig:
         return speaker_config(
             node=self.node,
             plan=self._plan,
             settings=self.settings,
             source4=self.source4,
             peers=peers,
+            peer_macs=macs or {},
         )
 
     def _observe(self) -> None:

@@ -20,10 +20,12 @@ from agent.announce.ownership import (
     Plan,
     ServiceUse,
     instances_for,
+    priority_for_rank,
     startup_delay_cs,
 )
 from agent.announce.settings import AnnounceSettings
 from agent.announce.vrrp.config import InstanceConfig, SpeakerConfig
+from agent.kube.node_report import PeerReport
 from agent.model.endpoint_slice import AddressType, Slice
 from agent.model.net import IPAddress
 from agent.model.node import Node
@@ -183,19 +185,55 @@ def held_by(plan: Plan, node: str) -> dict[IPAddress, int]:
 
 
 def peer_sources(
-    nodes: Iterable[Node], reported: Mapping[str, Iterable[IPAddress]], me: str
+    nodes: Iterable[Node], reported: Mapping[str, PeerReport], me: str
 ) -> frozenset[IPAddress]:
     """Return the addresses adverts may come from: the other nodes' IPv4 addresses (from the
     Node objects) and the IPv6 link-local sources they report (adverts over IPv6 come from
-    link-local addresses, which the Node objects do not carry)."""
+    link-local addresses, which the Node objects do not carry).
+
+    A report counts only for a node that exists as a Node: a report Lease for a made-up node
+    adds no peer.
+    """
     out: set[IPAddress] = set()
+    names = set()
     for n in nodes:
         if n.name != me:
+            names.add(n.name)
             out.update(a for a in n.addresses if a.version == 4)
-    for name, sources in reported.items():
-        if name != me:
-            out.update(a for a in sources if a.version == 6 and a.is_link_local)
+    for name, report in reported.items():
+        if name in names:
+            out.update(a for a in report.sources if a.version == 6 and a.is_link_local)
     return frozenset(out)
+
+
+def peer_macs(
+    nodes: Iterable[Node], reported: Mapping[str, PeerReport], me: str
+) -> dict[IPAddress, str]:
+    """Return, for every peer address of a node that published its MAC in its own report, the
+    MAC its adverts must come from (see `peer_sources` for the addresses)."""
+    out: dict[IPAddress, str] = {}
+    by_name = {n.name: n for n in nodes if n.name != me}
+    for name, report in reported.items():
+        node = by_name.get(name)
+        if node is None or report.mac is None:
+            continue
+        for a in node.addresses:
+            if a.version == 4:
+                out[a] = report.mac
+        for a in report.sources:
+            if a.version == 6 and a.is_link_local:
+                out[a] = report.mac
+    return out
+
+
+def peer_priority_range(plan: Plan | None) -> tuple[int, int] | None:
+    """Return the (lowest, highest) priority a nodelb peer may advertise under `plan`: the
+    priorities of its ranks, with one rank of slack below for a node that joined before this
+    node's plan saw it. None when there is no plan yet (nothing is checked then)."""
+    if plan is None or not plan.groups:
+        return None
+    deepest = max(len(g.ranking) for g in plan.groups)
+    return (priority_for_rank(deepest), priority_for_rank(0))
 
 
 def speaker_config(
@@ -205,11 +243,13 @@ def speaker_config(
     settings: AnnounceSettings,
     source4: ipaddress.IPv4Address | None,
     peers: frozenset[IPAddress],
+    peer_macs: Mapping[IPAddress, str] | None = None,
 ) -> SpeakerConfig:
     """Return what this node's speaker runs for `plan` (no instances before the first plan).
 
     IPv4 instances need this node's IPv4 source; without one they are left out (the node
-    cannot advertise over IPv4 and must not hold IPv4 addresses).
+    cannot advertise over IPv4 and must not hold IPv4 addresses). The configured keepalived
+    peers join `peers` and may advertise any priority.
     """
     instances = []
     for inst in instances_for(node, plan) if plan is not None else ():
@@ -228,10 +268,14 @@ def speaker_config(
                 addresses=inst.addresses,
             )
         )
+    keepalived = settings.keepalived_peers
     return SpeakerConfig(
         interface=settings.interface,
         source4=source4,
-        peers=peers,
+        peers=peers | keepalived,
+        peer_macs={a: m for a, m in (peer_macs or {}).items() if a not in keepalived},
+        keepalived_peers=keepalived,
+        peer_priorities=peer_priority_range(plan),
         checksum_mode=settings.checksum_mode,
         instances=tuple(instances),
         gratuitous=settings.gratuitous,

@@ -10,17 +10,19 @@
       ipv4VRIDs: "1-255"          # the VRID range per family, "first-last"
       ipv6VRIDs: "1-255"
       nodeSelector: {matchLabels: {...}, matchExpressions: [{key, operator, values}]}
-      gratuitous: {count: 5, spacingMs: 200, refreshSeconds: null}
+      gratuitous: {count: 5, spacingMs: 200, refreshSeconds: 60}  # 0 or null: no refresh
       reportNamespace: nodelb-system  # where each node's report Lease lives
       reportLeaseSeconds: 30
       speakerCPU: null            # pin the speaker to this CPU and the agent to the others
       realtimePriority: 0         # SCHED_RR priority of the speaker (needs CAP_SYS_NICE)
+      keepalivedPeers: []         # keepalived boxes on the segment: peers, any priority
 
 Parsed once, with errors naming the key, into frozen values (`AnnounceSettings`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +35,8 @@ from agent.announce.ownership import (
     VridRange,
 )
 from agent.announce.vrrp.codec import DEFAULT_CHECKSUM_MODE, ChecksumMode
-from agent.announce.vrrp.config import GratuitousConfig
+from agent.announce.vrrp.config import DEFAULT_REFRESH_S, GratuitousConfig
+from agent.model.net import IPAddress
 
 KNOWN = {
     "enabled",
@@ -50,6 +53,7 @@ KNOWN = {
     "reportLeaseSeconds",
     "speakerCPU",
     "realtimePriority",
+    "keepalivedPeers",
 }
 
 
@@ -68,13 +72,19 @@ class AnnounceSettings:
     preempt_delay_cs: int = 0
     checksum_mode: ChecksumMode = DEFAULT_CHECKSUM_MODE
     ownership: OwnershipConfig = field(default_factory=OwnershipConfig)
-    gratuitous: GratuitousConfig = field(default_factory=GratuitousConfig)
+    gratuitous: GratuitousConfig = field(
+        default_factory=lambda: GratuitousConfig(refresh_s=DEFAULT_REFRESH_S)
+    )
     report_namespace: str = "nodelb-system"
     report_lease_seconds: int = 30
     # On kernels without full preemption a long nft commit in the agent can delay the
     # speaker's timers when both share a CPU; pinning them apart keeps adverts on time.
     speaker_cpu: int | None = None
     realtime_priority: int = 0
+    # Peers that are not nodelb (keepalived standing in as a backup): their adverts are
+    # accepted and may carry any priority; nodelb peers may not send 255 or leave the plan's
+    # rank range (docs/vrrp.md).
+    keepalived_peers: frozenset[IPAddress] = frozenset()
 
 
 def _int(raw: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
@@ -129,6 +139,20 @@ def _selector(raw: Any) -> NodeSelector | None:
         raise AnnounceConfigError(f"announce.nodeSelector: {exc}") from None
 
 
+def _addresses(raw: Any, key: str) -> frozenset[IPAddress]:
+    if raw is None:
+        return frozenset()
+    if not isinstance(raw, list):
+        raise AnnounceConfigError(f"announce.{key}: expected a list of addresses, got {raw!r}")
+    out: set[IPAddress] = set()
+    for i, item in enumerate(raw):
+        try:
+            out.add(ipaddress.ip_address(str(item)))
+        except ValueError:
+            raise AnnounceConfigError(f"announce.{key}[{i}]: {item!r} is not an address") from None
+    return frozenset(out)
+
+
 def parse_announce(raw: Any) -> AnnounceSettings:
     """Return the validated announce settings (absent section: announcing off)."""
     if raw is None:
@@ -148,12 +172,13 @@ def parse_announce(raw: Any) -> AnnounceSettings:
             f"announce.checksumMode: {raw.get('checksumMode')!r} is not one of "
             f"{', '.join(m.value for m in ChecksumMode)}"
         ) from None
-    refresh = g.get("refreshSeconds")
+    # Absent: the default refresh; 0 or null: none (only takeovers are announced).
+    refresh = g.get("refreshSeconds", DEFAULT_REFRESH_S)
     try:
         gratuitous = GratuitousConfig(
             count=int(g.get("count", 5)),
             spacing_ms=int(g.get("spacingMs", 200)),
-            refresh_s=None if refresh is None else float(refresh),
+            refresh_s=None if refresh is None or refresh == 0 else float(refresh),
         )
         ownership = OwnershipConfig(
             selector=_selector(raw.get("nodeSelector")),
@@ -180,4 +205,5 @@ def parse_announce(raw: Any) -> AnnounceSettings:
         report_lease_seconds=_int(raw, "reportLeaseSeconds", 30, 2, 3600),
         speaker_cpu=None if raw.get("speakerCPU") is None else _int(raw, "speakerCPU", 0, 0, 4095),
         realtime_priority=_int(raw, "realtimePriority", 0, 0, 99),
+        keepalived_peers=_addresses(raw.get("keepalivedPeers"), "keepalivedPeers"),
     )

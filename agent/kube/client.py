@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
+
+from agent.model.net import IPAddress
 
 
 def api_client(kubeconfig: Path | None, *, pool_size: int = 8) -> Any:
@@ -20,3 +24,13 @@ def api_client(kubeconfig: Path | None, *, pool_size: int = 8) -> Any:
     # Watches hold connections open; one pool slot per reflector plus status writes and Events.
     configuration.connection_pool_maxsize = pool_size
     return client.ApiClient(configuration)
+
+
+def api_host_addresses(api: Any) -> tuple[IPAddress, ...]:
+    """Return the address the client reaches the API server at, when its URL names an IP
+    literal (a host name gives none: resolving it here would be a guess)."""
+    host = urllib.parse.urlsplit(str(api.configuration.host)).hostname or ""
+    try:
+        return (ipaddress.ip_address(host),)
+    except ValueError:
+        return ()

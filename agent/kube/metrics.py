@@ -1,8 +1,8 @@
-"""Prometheus metrics of the API plumbing every role shares: watches and Events."""
+"""Prometheus metrics of the API plumbing every role shares: watches, Events, API reach."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 EVENTS_RECORDED = Counter(
     "nodelb_events_recorded_total",
@@ -26,4 +26,9 @@ WATCH_RESTARTS = Counter(
     "nodelb_watch_restarts_total",
     "List/watch restarts, by resource and reason (gone: relist after 410; error: reconnect).",
     ["resource", "reason"],
+)
+
+API_CUT_OFF = Gauge(
+    "nodelb_api_cut_off",
+    "1 while the agent is cut off from the API server (its probes get no answer), else 0.",
 )

@@ -8,7 +8,8 @@ the VRRP master for them and its last sync put their frontends in the kernel. Th
 rewrites the Lease when that set changes and renews it periodically; a node whose agent dies
 stops renewing and its report expires, so `LoadBalancerServing` turns False on its own. The
 annotation ``nodelb.io/vrrp-sources`` publishes the node's VRRP advert sources (its IPv6
-link-local address, which the Node object does not carry) to the other agents.
+link-local address, which the Node object does not carry) to the other agents, and
+``nodelb.io/vrrp-mac`` the segment MAC they leave from (the speakers check it on receipt).
 
 Why a Lease per node (docs/decisions.md): one small object per node, written by that node
 only, costs O(nodes) writes instead of O(Services); the Lease's renew time is a liveness
@@ -141,6 +142,24 @@ def _ip_order(text: str) -> tuple[int, int]:
 
 
 SOURCES_ANNOTATION = "nodelb.io/vrrp-sources"
+MAC_ANNOTATION = "nodelb.io/vrrp-mac"  # the MAC the node's adverts leave from
+
+
+@dataclass(frozen=True, slots=True)
+class PeerReport:
+    """What one node report tells the other agents about that node's VRRP adverts.
+
+    `node` is the node the Lease's *name* says it is for: the report of node X speaks for X
+    only. `sources` are at most one IPv4 address and one IPv6 link-local address (a node's
+    adverts leave from one of each); `mac` is the segment MAC they leave from (None: not
+    published, an older agent). `problem` names a report that was refused as a whole (its
+    holderIdentity names another node): it then carries no sources and no MAC.
+    """
+
+    node: str
+    sources: tuple[IPAddress, ...] = ()
+    mac: str | None = None
+    problem: str | None = None
 
 
 def parse_sources(text: str) -> tuple[IPAddress, ...]:
@@ -154,8 +173,40 @@ def parse_sources(text: str) -> tuple[IPAddress, ...]:
     return tuple(out)
 
 
-def report_sources(obj: Mapping[str, Any]) -> tuple[str, tuple[IPAddress, ...]]:
-    """Return (node, VRRP advert sources) from a node report Lease."""
+def parse_mac(text: str) -> str | None:
+    """Return `text` as a lowercase colon-separated unicast Ethernet MAC, None when it is not
+    one (multicast, broadcast and all-zero MACs never source a node's adverts)."""
+    parts = text.strip().lower().split(":")
+    if len(parts) != 6 or not all(len(p) == 2 for p in parts):
+        return None
+    try:
+        octets = bytes(int(p, 16) for p in parts)
+    except ValueError:
+        return None
+    if octets[0] & 1 or octets == bytes(6):
+        return None
+    return ":".join(parts)
+
+
+def report_sources(obj: Mapping[str, Any]) -> PeerReport:
+    """Return what a node report Lease says about its node's adverts (never raises).
+
+    The node is taken from the Lease's name, not from what the Lease says of itself: a Lease
+    whose holderIdentity names another node is refused whole, so no report can lend its
+    sources to another node. Only the first IPv4 address and the first IPv6 link-local
+    address are kept (extra entries are what a forged report would add).
+    """
     meta = obj.get("metadata") or {}
-    text = str((meta.get("annotations") or {}).get(SOURCES_ANNOTATION) or "")
-    return report_node(obj), parse_sources(text)
+    name = str(meta.get("name", ""))
+    node = name.removeprefix(NAME_PREFIX)
+    holder = (obj.get("spec") or {}).get("holderIdentity")
+    if not name.startswith(NAME_PREFIX) or not node:
+        return PeerReport(node, problem=f"Lease {name!r} is not named {NAME_PREFIX}<node>")
+    if holder and str(holder) != node:
+        return PeerReport(node, problem=f"Lease {name!r} claims to be node {holder!r}")
+    annotations = meta.get("annotations") or {}
+    text = str(annotations.get(SOURCES_ANNOTATION) or "")
+    first4 = next((a for a in parse_sources(text) if a.version == 4), None)
+    first6 = next((a for a in parse_sources(text) if a.version == 6 and a.is_link_local), None)
+    sources = tuple(a for a in (first4, first6) if a is not None)
+    return PeerReport(node, sources, parse_mac(str(annotations.get(MAC_ANNOTATION) or "")))

@@ -29,6 +29,7 @@ from typing import Any
 
 from agent.announce.inputs import OwnershipIndex, OwnershipInput, OwnershipView, ownership_view
 from agent.config import AgentConfig
+from agent.kube.node_report import PeerReport
 from agent.kube.store import Change
 from agent.model.desired_state import DesiredState, FrontendKey
 from agent.model.endpoint_slice import BadSlice, Slice
@@ -40,6 +41,7 @@ from agent.node.allocated_ips import IPOwners
 from agent.node.assembly import FrontendIndex
 from agent.node.cache import ClusterCache, new_stores
 from agent.node.health_answers import HealthAnswer, answer_for, answers_by_port
+from agent.node.holdable import API_SERVICE, HoldPolicy, Reserved, check_ingress, reserved_from
 from agent.node.service_frontends import (
     NodeView,
     PolicyView,
@@ -50,9 +52,9 @@ from agent.node.service_frontends import (
 
 SWEEP_BATCH = 50  # Services a periodic resync recomputes per sync (see ClusterState.start_sweep)
 
-ReportSources = tuple[str, tuple[IPAddress, ...]]
-"""One node report Lease as agent.kube.node_report.report_sources parses it: the node's name
-and the addresses its VRRP adverts come from."""
+ReportSources = PeerReport
+"""One node report Lease as agent.kube.node_report.report_sources parses it: the node it is
+named for, the addresses its VRRP adverts come from and their MAC."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +76,13 @@ class Dirty:
     node's own record changed, the first sync, a failed one). `sync` is True when anything the
     DesiredState or the ownership input reads changed, even with no Service to recompute
     (another Node's readiness when announcing, the held addresses). `reported` is every node's
-    advert sources when a node report changed; None when none did.
+    advert report (by node) when a node report changed; None when none did.
     """
 
     services: frozenset[str] = frozenset()
     everything: bool = False
     sync: bool = False
-    reported: Mapping[str, tuple[IPAddress, ...]] | None = None
+    reported: Mapping[str, PeerReport] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +160,8 @@ class ClusterState:
     held addresses come from it (else every programmed LoadBalancer IP is held when
     `serveAllIPs`, none otherwise). `health_checks`: healthCheckNodePort answers are kept.
     `sweep_batch`: how many Services a periodic resync recomputes per batch.
+    `api_addresses`: the address(es) the agent's API client talks to (never held; see
+    agent/node/holdable.py).
     """
 
     def __init__(
@@ -167,6 +171,7 @@ class ClusterState:
         announcing: bool = False,
         health_checks: bool = False,
         sweep_batch: int = SWEEP_BATCH,
+        api_addresses: tuple[IPAddress, ...] = (),
     ) -> None:
         self._cfg = cfg
         self._policy = PolicyView(
@@ -186,6 +191,11 @@ class ClusterState:
         self._health: dict[str, tuple[int, HealthAnswer]] = {}  # by Service key: port, answer
         self._health_served: dict[int, HealthAnswer] = {}  # by port, as last returned
         self._reports: dict[str, ReportSources] = {}  # by Lease key
+        self._api_addresses = api_addresses
+        self._hold = HoldPolicy(
+            allowed=tuple(n for p in cfg.pools for n in p.networks) + cfg.external_ip_cidrs,
+            reserved=self._reserved(),
+        )
 
     # --- intake -------------------------------------------------------------------------------
 
@@ -199,18 +209,61 @@ class ClusterState:
         if changes.slices:
             keys |= self.cache.on_slices(changes.slices)
         mine = bool(changes.nodes) and self.cache.on_nodes(changes.nodes)
-        reported: dict[str, tuple[IPAddress, ...]] | None = None
+        if changes.nodes or API_SERVICE in keys:
+            # Which addresses are taken moved: every Service's ingress IPs are checked again
+            # (rare: a Node's addresses or pod CIDRs, or the API servers, changed).
+            reserved = self._reserved()
+            if reserved != self._hold.reserved:
+                self._hold = dataclasses.replace(self._hold, reserved=reserved)
+                mine = True
+        reported: dict[str, PeerReport] | None = None
         if changes.reports:
             for r in changes.reports:
                 if r.new is None:
                     self._reports.pop(r.key, None)
                 else:
                     self._reports[r.key] = r.new
-            reported = dict(self._reports.values())
+            # Lease names are unique in the namespace and each names its node, so no report
+            # can stand in for another node's.
+            reported = {p.node: p for p in self._reports.values() if p.problem is None}
         # Other nodes' readiness and labels decide ownership, not this node's frontends.
         others = bool(changes.nodes) and self._announcing
         sync = bool(changes.services or changes.slices or changes.held or mine or others)
         return Dirty(frozenset(keys), everything=mine, sync=sync, reported=reported)
+
+    def _reserved(self) -> Reserved:
+        """Return the addresses this agent can see are taken (agent/node/holdable.py)."""
+        return reserved_from(
+            nodes=self.cache.nodes.values(),
+            api_slices=self.cache.slices_of(API_SERVICE),
+            api_addresses=self._api_addresses,
+            local_cidrs=self._cfg.local_cidrs,
+            service_cidrs=self._cfg.service_cidrs,
+        )
+
+    def _holdable(
+        self, svc: Service | InvalidService
+    ) -> tuple[Service | InvalidService, tuple[Problem, ...]]:
+        """Return `svc` with only the ingress IPs this node may serve and hold, and a problem
+        per refused one (Services of other classes are returned as they are)."""
+        if not isinstance(svc, Service) or not svc.ingress_ips:
+            return svc, ()
+        policy = self._policy
+        kind = classify(svc, lb_class=policy.lb_class, handle_classless=policy.handle_classless)
+        if not is_ours(kind):
+            return svc, ()
+        verdict = check_ingress(svc.ingress_ips, self._hold)
+        if not verdict.refused:
+            return svc, ()
+        problems = tuple(
+            Problem(
+                ProblemReason.LB_IP_REFUSED,
+                f"status.loadBalancer.ingress: {r.message}; this node neither serves nor holds"
+                f" it ({r.reason})",
+            )
+            for r in verdict.refused
+        )
+        return dataclasses.replace(svc, ingress_ips=verdict.accepted), problems
 
     def _note_owner(self, key: str, svc: Service | InvalidService | None) -> set[str]:
         """Record which LoadBalancer IPs `svc` owns; return the Services to recompute for it."""
@@ -283,12 +336,13 @@ class ClusterState:
                 if self._announcing:
                     views[key] = None
                 continue
+            checked, refused = self._holdable(svc)
             result = service_frontends(
-                svc, slices, node=view, policy=self._policy, allocated_to=self.owners.owners
+                checked, slices, node=view, policy=self._policy, allocated_to=self.owners.owners
             )
             bad = self.cache.bad_slices_of(key)
-            if bad:
-                extra = tuple(Problem(ProblemReason.INVALID_SERVICE, b.reason) for b in bad)
+            extra = refused + tuple(Problem(ProblemReason.INVALID_SERVICE, b.reason) for b in bad)
+            if extra:
                 result = dataclasses.replace(result, problems=result.problems + extra)
             if key in verify and previous != result:
                 corrections.append(key)

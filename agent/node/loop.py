@@ -24,7 +24,7 @@ from agent.announce.vrrp.control import InstanceStatus
 from agent.config import AgentConfig
 from agent.kube import metrics as kube_metrics
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
-from agent.kube.node_report import report_sources
+from agent.kube.node_report import PeerReport, report_sources
 from agent.kube.reflector import ListFn, Reflector
 from agent.kube.store import Store
 from agent.model.desired_state import DesiredState, FrontendKey
@@ -71,7 +71,7 @@ class AnnouncerLike(Protocol):
 
     def report(self, programmed: frozenset[IPAddress]) -> None: ...
 
-    def set_reported_sources(self, reported: Mapping[str, tuple[IPAddress, ...]]) -> None: ...
+    def set_reported_sources(self, reported: Mapping[str, PeerReport]) -> None: ...
 
     def instances(self) -> tuple[InstanceStatus, ...]: ...
 
@@ -129,6 +129,7 @@ class Agent:
         announcer: AnnouncerLike | None = None,
         freeze_heap: bool = False,
         sweep_batch: int = SWEEP_BATCH,
+        api_addresses: tuple[IPAddress, ...] = (),
     ) -> None:
         self.cfg = cfg
         self._dataplane = dataplane
@@ -145,6 +146,7 @@ class Agent:
             announcing=announcer is not None,
             health_checks=on_health is not None,
             sweep_batch=sweep_batch,
+            api_addresses=api_addresses,
         )
         self._dirty: set[str] = set()  # Services to recompute at the next step
         self._everything = True  # the next step recomputes every Service

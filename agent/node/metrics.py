@@ -20,6 +20,11 @@ EXTERNAL_IPS_REFUSED = Counter(
     "nodelb_external_ips_refused_total",
     "externalIPs refused (outside the allow-list, or a pool address not allocated to the Service).",
 )
+LB_IPS_REFUSED = Counter(
+    "nodelb_lb_ips_refused_total",
+    "Warning Events for LoadBalancer ingress IPs this agent refused to serve and hold (outside"
+    " every pool, or a Node, API server, pod or service address).",
+)
 RESYNC_CORRECTIONS = Counter(
     "nodelb_resync_corrections_total",
     "Services the periodic resync recomputed to a result other than the one programmed.",
@@ -31,7 +36,10 @@ SERVICES_HANDLED = Gauge(
 
 
 def count_problem(reason: ProblemReason) -> None:
-    """Count one problem reported as a Warning Event (a refused externalIP also as a refusal)."""
+    """Count one problem reported as a Warning Event (a refused externalIP or LoadBalancer IP
+    also as a refusal)."""
     SERVICE_PROBLEMS.labels(reason.value).inc()
     if reason is ProblemReason.EXTERNAL_IP_REFUSED:
         EXTERNAL_IPS_REFUSED.inc()
+    elif reason is ProblemReason.LB_IP_REFUSED:
+        LB_IPS_REFUSED.inc()

@@ -30,6 +30,7 @@ class ProblemReason(enum.StrEnum):
     EXTERNAL_IP_REFUSED = "ExternalIPRefused"
     PORT_MISMATCH = "EndpointPortMismatch"
     FRONTEND_CONFLICT = "FrontendConflict"
+    LB_IP_REFUSED = "LoadBalancerIPRefused"  # agent/node/holdable.py
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ timestamps (lab.vrrp_lab capture).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 from collections.abc import Callable
@@ -17,20 +18,26 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from agent.announce.metrics import SpeakerMetrics
+from agent.announce.settings import parse_announce
 from agent.announce.vrrp.codec import ChecksumMode, DecodeReason
-from agent.announce.vrrp.config import GratuitousConfig
+from agent.announce.vrrp.config import DEFAULT_REFRESH_S, GratuitousConfig, SpeakerConfig
 from agent.announce.vrrp.control import SpeakerStatus
+from agent.announce.vrrp.process import SpeakerProcess
 from agent.announce.vrrp.speaker import DropReason
+from agent.model.net import IPAddress
 from lab import netns
-from lab.topology import Lab, LabSpec
+from lab.topology import Lab, LabNode, LabSpec
 from lab.vrrp_lab import (
     DualStack,
     Speakers,
     holds,
     link_local,
     mac_of,
+    neighbour_mac,
     parse_capture,
+    speaker_config,
     start_capture,
+    start_speaker,
 )
 from lab.wait import wait_until
 
@@ -196,3 +203,118 @@ def test_a_master_refreshes_its_announcements_periodically(
     status = sp.status()
     assert status is not None
     assert dict(status.gratuitous).get((4, "arp_reply"), 0) == 0
+
+
+def test_a_default_install_refreshes_its_announcements_after_the_default_interval(
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers
+) -> None:
+    """Issue #18 item 7: with the `announce` settings an install gets by default, a Master
+    sends one more gratuitous round `DEFAULT_REFRESH_S` after its takeover burst."""
+    lab = make_lab(LabSpec(nodes=1, pods_per_node=0, with_controlplane=False))
+    assert lab.client is not None
+    (n1,) = lab.nodes
+    gratuitous = parse_announce({}).gratuitous
+    assert gratuitous.refresh_s == DEFAULT_REFRESH_S
+    capture = start_capture(lab, lab.client, name="capture")
+    speakers.start(lab, n1, instances(100), gratuitous=gratuitous, name="n1")
+
+    def rounds(kind: str, target: str, op: int) -> list[int]:
+        return [
+            f.t_ns
+            for f in parse_capture(lab.log_of(capture))
+            if f.kind == kind and f.target == target and f.op == op
+        ]
+
+    wanted = [("arp", str(VIP4), 1), ("arp", str(VIP4), 2), ("na", str(VIP6), -1)]
+
+    def refreshed() -> dict[tuple[str, str, int], list[int]] | None:
+        got = {w: rounds(*w) for w in wanted}
+        return got if all(len(t) > gratuitous.count for t in got.values()) else None
+
+    seen = wait_until(
+        refreshed, DEFAULT_REFRESH_S + TIMEOUT, "a refresh round after the takeover burst"
+    )
+    assert seen is not None
+    for key, times in seen.items():
+        burst_end, refresh = times[gratuitous.count - 1], times[gratuitous.count]
+        gap_s = (refresh - burst_end) / 1e9
+        print(f"{key}: refresh {gap_s:.3f}s after the burst")
+        # The refresh comes one interval after the last burst round, not before.
+        assert gap_s >= DEFAULT_REFRESH_S - 0.01, (key, gap_s)
+
+
+def forge(lab: Lab, ns: str, *args: object) -> None:
+    """Send adverts as frames from `ns`'s own MAC with any source address (lab.vrrp_lab forge)."""
+    argv = [sys.executable, "-m", "lab.vrrp_lab", "forge", *map(str, args)]
+    netns.run(ns, argv)
+
+
+def guarded(lab: Lab, node: LabNode, other: LabNode, priority: int) -> SpeakerConfig:
+    """Return `node`'s speaker config as the agent builds it: the peer's published MAC for
+    both of its addresses, and the priority range of a plan of two ranks (with slack)."""
+    base = speaker_config(lab, node, instances(priority))
+    mac = mac_of(other)
+    return dataclasses.replace(
+        base, peer_macs={other.ip4: mac, link_local(other): mac}, peer_priorities=(252, 254)
+    )
+
+
+def fresh_client_reaches(lab: Lab, ip: IPAddress, holder: LabNode) -> bool:
+    """Return True when the client, its neighbour entry for `ip` flushed, resolves it to
+    `holder`'s MAC and gets a ping answer."""
+    assert lab.client is not None
+    ns = lab.client.ns
+    netns.run(ns, ["ip", "neigh", "flush", "to", str(ip)], check=False)
+    family = "-4" if ip.version == 4 else "-6"
+    ping = netns.run(ns, ["ping", family, "-c", "1", "-W", "1", str(ip)], check=False)
+    return ping.returncode == 0 and neighbour_mac(ns, ip) == mac_of(holder)
+
+
+def test_forged_adverts_from_the_peers_addresses_leave_the_holder_holding(
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers
+) -> None:
+    """Issue #18 item 6: a host on the segment sends priority-255 adverts alternating both
+    peers' addresses (before: no node held the VIPs for the whole attack), and a forged
+    advert at a rank's priority from the backup's address. The frames carry the forger's MAC:
+    both speakers drop them as wrong_mac; a real peer's 255 is dropped as priority."""
+    lab = make_lab(LabSpec(nodes=2, pods_per_node=0, with_controlplane=False))
+    assert lab.client is not None
+    n1, n2 = lab.nodes
+    for node, other, prio in ((n1, n2, 254), (n2, n1, 253)):
+        sp = start_speaker(lab, node, guarded(lab, node, other, prio), name=node.name)
+        speakers.append(sp)
+    master, backup = speakers.started
+    wait_until(lambda: holds(n1, VIP4) and holds(n1, VIP6), TIMEOUT, "node-1 holding the VIPs")
+    for ip in (VIP4, VIP6):
+        assert fresh_client_reaches(lab, ip, n1)
+
+    client_ns, rfc = lab.client.ns, ChecksumMode.RFC5798
+    lls = {n.name: link_local(n) for n in (n1, n2)}
+    for _ in range(3):  # alternating the two peers' addresses, as in the issue
+        for node in (n2, n1):
+            forge(lab, client_ns, 4, node.ip4, VRID, 255, 255, SPOOFS, rfc, VIP4)
+            forge(lab, client_ns, 6, lls[node.name], VRID, 255, 255, SPOOFS, rfc, VIP6)
+            assert holds(n1, VIP4) and holds(n1, VIP6), "the holder let go during the attack"
+            assert not holds(n2, VIP4) and not holds(n2, VIP6)
+    # A rank's priority is let through by the priority check: the MAC check stops it.
+    forge(lab, client_ns, 4, n2.ip4, VRID, 254, 255, SPOOFS, rfc, VIP4)
+    # The real backup sending 255 (a compromised or misconfigured peer): refused too.
+    send(lab, n2.ns, 4, n2.ip4, VRID, 255, 255, SPOOFS, rfc, VIP4)
+
+    def drops(sp: SpeakerProcess, family: int, reason: DropReason) -> int:
+        status = sp.status()
+        return 0 if status is None else status.dropped_count(family, reason.value)
+
+    def counted() -> bool:
+        return (
+            drops(master, 4, DropReason.WRONG_MAC) >= 4 * SPOOFS
+            and drops(master, 6, DropReason.WRONG_MAC) >= 3 * SPOOFS
+            and drops(master, 4, DropReason.PRIORITY) >= SPOOFS
+            and drops(backup, 4, DropReason.WRONG_MAC) >= 3 * SPOOFS
+            and drops(backup, 6, DropReason.WRONG_MAC) >= 3 * SPOOFS
+        )
+
+    wait_until(counted, TIMEOUT, "every forged advert dropped with its reason")
+    assert holds(n1, VIP4) and holds(n1, VIP6) and not holds(n2, VIP4)
+    for ip in (VIP4, VIP6):
+        assert fresh_client_reaches(lab, ip, n1), f"a fresh client cannot reach {ip} on node-1"

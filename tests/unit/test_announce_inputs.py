@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
+import yaml
 
 from agent.announce.inputs import (
     OwnershipIndex,
@@ -19,14 +21,16 @@ from agent.announce.inputs import (
     speaker_config,
 )
 from agent.announce.ownership import IPUse, OwnershipConfig, plan, rank_nodes
-from agent.announce.settings import AnnounceConfigError, parse_announce
-from agent.kube.node_report import parse_sources
+from agent.announce.settings import AnnounceConfigError, AnnounceSettings, parse_announce
+from agent.announce.vrrp.config import DEFAULT_REFRESH_S
+from agent.kube.node_report import PeerReport, parse_sources
 from agent.model.endpoint_slice import AddressType, Slice, SliceEndpoint
 from agent.model.net import IPAddress
 from agent.model.node import Node
 from agent.model.service import InvalidService, parse_service
 
 IP = ipaddress.ip_address
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def service(name: str, ip: str, *, local: bool = False) -> object:
@@ -61,6 +65,31 @@ def test_settings_parse_with_errors_naming_the_key() -> None:
     for needle, raw in cases.items():
         with pytest.raises(AnnounceConfigError, match=needle.replace("[", r"\[")):
             parse_announce(raw)
+
+
+@pytest.mark.parametrize(
+    ("gratuitous", "refresh_s"),
+    [
+        pytest.param(None, 60.0, id="no gratuitous section: refresh every 60 s"),
+        pytest.param({"count": 3}, 60.0, id="a section without refreshSeconds keeps the default"),
+        pytest.param({"refreshSeconds": 20}, 20.0, id="refreshSeconds sets the interval"),
+        pytest.param({"refreshSeconds": 0}, None, id="refreshSeconds 0 turns the refresh off"),
+        pytest.param({"refreshSeconds": None}, None, id="refreshSeconds null turns it off"),
+    ],
+)
+def test_a_default_install_refreshes_its_announcements(
+    gratuitous: dict[str, object] | None, refresh_s: float | None
+) -> None:
+    raw = {} if gratuitous is None else {"gratuitous": gratuitous}
+    assert parse_announce(raw).gratuitous.refresh_s == refresh_s
+    assert AnnounceSettings().gratuitous.refresh_s == DEFAULT_REFRESH_S == 60.0
+
+
+def test_the_shipped_config_refreshes_by_default() -> None:
+    docs = yaml.safe_load_all((ROOT / "deploy" / "daemonset.yaml").read_text())
+    (cm,) = [d for d in docs if d and d.get("kind") == "ConfigMap" and "config.yaml" in d["data"]]
+    cfg = yaml.safe_load(cm["data"]["config.yaml"])
+    assert parse_announce(cfg["announce"]).gratuitous.refresh_s == DEFAULT_REFRESH_S
 
 
 # Service b's slices: a ready IPv4 endpoint on n1, an unready one on n2, an IPv6 one on n3.
@@ -108,7 +137,12 @@ def test_peers_are_other_nodes_v4_and_their_reported_link_locals() -> None:
         Node("me", None, True, (IP("198.18.0.11"),), ()),
         Node("n2", None, True, (IP("198.18.0.12"), IP("2001:db8::12")), ()),
     ]
-    reported = {"me": parse_sources("198.18.0.11,fe80::1"), "n2": parse_sources("fe80::2,junk")}
+    reported = {
+        "me": PeerReport("me", parse_sources("198.18.0.11,fe80::1")),
+        "n2": PeerReport("n2", parse_sources("fe80::2,junk")),
+        # A report for a node that is no Node adds no peer.
+        "ghost": PeerReport("ghost", parse_sources("fe80::66")),
+    }
     assert peer_sources(nodes, reported, "me") == {IP("198.18.0.12"), IP("fe80::2")}
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from agent.config import AgentConfig, Pool
+from agent.kube.node_report import SOURCES_ANNOTATION, PeerReport, report_sources
 from agent.kube.store import Change, EventType, Store
 from agent.model.desired_state import FrontendKey
 from agent.model.net import Protocol
@@ -107,12 +108,12 @@ class Cluster:
     """A ClusterState on node-1 and the reflectors' stores that feed it."""
 
     def __init__(self, **kw: Any) -> None:
-        config = kw.pop("config", {})
+        # Every test address lies in this pool unless a test says otherwise: an agent serves
+        # only ingress IPs inside its pools (agent/node/holdable.py).
+        config = {"pools": (Pool("test", (POOL,)),), **kw.pop("config", {})}
         self.state = ClusterState(AgentConfig(node_name="node-1", **config), **kw)
         self.services, self.slices, self.nodes = new_stores()
-        self.reports: Store[tuple[str, tuple[Any, ...]]] = Store(
-            lambda o: (o["node"], tuple(IP(a) for a in o["sources"]))
-        )
+        self.reports: Store[PeerReport] = Store(report_sources)
 
     @staticmethod
     def _changes(store: Store[Any], event: EventType, raws: Sequence[Any]) -> list[Change[Any]]:
@@ -139,8 +140,15 @@ class Cluster:
         return self.state.apply(Changes(services=changes))
 
     def report(self, name: str, *sources: str) -> Dirty:
-        raw = {"metadata": {"namespace": "nodelb", "name": f"r-{name}"}, "node": name}
-        raw["sources"] = list(sources)
+        annotations = {SOURCES_ANNOTATION: ",".join(sources)}
+        raw = {
+            "metadata": {
+                "namespace": "nodelb",
+                "name": f"nodelb-node-{name}",
+                "annotations": annotations,
+            },
+            "spec": {"holderIdentity": name},
+        }
         return self.state.apply(
             Changes(reports=self._changes(self.reports, EventType.ADDED, [raw]))
         )
@@ -260,7 +268,12 @@ APPLY_CASES = [
         ApplyCase(
             setup=lambda c: c.report("node-2", "fe80::2"),
             change=lambda c: c.report("node-3", "fe80::3"),
-            want=Dirty(reported={"node-2": (IP("fe80::2"),), "node-3": (IP("fe80::3"),)}),
+            want=Dirty(
+                reported={
+                    "node-2": PeerReport("node-2", (IP("fe80::2"),)),
+                    "node-3": PeerReport("node-3", (IP("fe80::3"),)),
+                }
+            ),
             announcing=True,
         ),
         id="a node report hands on every node's advert sources and wants no sync",

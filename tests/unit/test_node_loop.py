@@ -81,7 +81,9 @@ def make_agent(
     """Return an agent on node-1 with a fake dataplane, sink and clock. `config` adds
     AgentConfig fields, `agent_kw` Agent keywords (announcer, freeze_heap, sweep_batch)."""
     timing = sync or SyncTiming(min_interval=0.1, full_resync_period=300, drift_check_period=60)
-    cfg = AgentConfig(node_name="node-1", sync=timing, **(config or {}))
+    # The tests' ingress IPs lie in this pool (an agent serves only pool addresses).
+    pooled = {"pools": (Pool("test", (ipaddress.ip_network("198.18.0.0/24"),)),)}
+    cfg = AgentConfig(node_name="node-1", sync=timing, **{**pooled, **(config or {})})
     dp, sink, clock = FakeDataplane(), ListSink(), clock or Clock()
     agent = Agent(
         cfg,

@@ -8,12 +8,18 @@ and after every change. `to_json` / `from_json` are that boundary: everything pa
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.announce.vrrp.codec import DEFAULT_CHECKSUM_MODE, ChecksumMode
 from agent.announce.vrrp.machine import DEFAULT_ADVER_INT_CS, DEFAULT_PRIORITY, Burst
 from agent.model.net import IPAddress
+
+# A Master repeats one gratuitous round this often unless told otherwise (`announce.gratuitous.
+# refreshSeconds`): a fifth of the 300 s FDB ageing most switches and the Linux bridge default
+# to, and far inside gateways' ARP timeouts (1200 s to 4 h). docs/decisions.md has the evidence.
+DEFAULT_REFRESH_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,11 +107,22 @@ class SpeakerConfig:
     source addresses adverts are accepted from (IPv4 segment addresses and IPv6 link-local
     addresses of the other nodes, or of a keepalived box); adverts from anyone else are dropped
     and counted as `unknown_source`.
+
+    `peer_macs` maps a peer address to the MAC its adverts must leave from (each node publishes
+    its own in its report); an advert from that address in a frame from another MAC is dropped
+    as `wrong_mac`. A peer with no MAC here is checked by address alone. `keepalived_peers` are
+    peers that are not nodelb (a keepalived box standing in as a backup): their adverts may
+    carry any priority. From every other peer, priority 255 (address owner) and, when
+    `peer_priorities` is set, a priority outside that (lowest, highest) range are dropped as
+    `priority`: nodelb never sends them (0, resigning, is always accepted).
     """
 
     interface: str
     source4: ipaddress.IPv4Address | None = None
     peers: frozenset[IPAddress] = frozenset()
+    peer_macs: Mapping[IPAddress, str] = field(default_factory=dict)
+    keepalived_peers: frozenset[IPAddress] = frozenset()
+    peer_priorities: tuple[int, int] | None = None
     checksum_mode: ChecksumMode = DEFAULT_CHECKSUM_MODE
     instances: tuple[InstanceConfig, ...] = ()
     gratuitous: GratuitousConfig = field(default_factory=GratuitousConfig)
@@ -117,6 +134,12 @@ class SpeakerConfig:
         dupes = sorted({k for k in keys if keys.count(k) > 1})
         if dupes:
             raise ValueError(f"duplicate (family, vrid) instances: {dupes}")
+        if self.peer_priorities is not None and not (
+            1 <= self.peer_priorities[0] <= self.peer_priorities[1] <= 254
+        ):
+            raise ValueError(
+                f"peer priorities must be a range within 1..254: {self.peer_priorities}"
+            )
         if self.source4 is None and any(i.family == 4 for i in self.instances):
             raise ValueError("IPv4 instances need source4 (this node's IPv4 on the segment)")
         held = [a for i in self.instances for a in i.addresses]
@@ -132,6 +155,11 @@ def to_json(config: SpeakerConfig) -> dict[str, Any]:
         "interface": config.interface,
         "source4": None if config.source4 is None else str(config.source4),
         "peers": sorted(str(p) for p in config.peers),
+        "peer_macs": {
+            str(a): m for a, m in sorted(config.peer_macs.items(), key=lambda i: str(i[0]))
+        },
+        "keepalived_peers": sorted(str(p) for p in config.keepalived_peers),
+        "peer_priorities": None if config.peer_priorities is None else list(config.peer_priorities),
         "checksum_mode": str(config.checksum_mode),
         "gratuitous": {
             "count": g.count,
@@ -164,6 +192,13 @@ def from_json(raw: dict[str, Any]) -> SpeakerConfig:
         interface=str(raw["interface"]),
         source4=None if source4 is None else ipaddress.IPv4Address(source4),
         peers=frozenset(ipaddress.ip_address(p) for p in raw.get("peers", ())),
+        peer_macs={
+            ipaddress.ip_address(a): str(m) for a, m in (raw.get("peer_macs") or {}).items()
+        },
+        keepalived_peers=frozenset(
+            ipaddress.ip_address(p) for p in raw.get("keepalived_peers", ())
+        ),
+        peer_priorities=_priority_range(raw.get("peer_priorities")),
         checksum_mode=ChecksumMode(raw.get("checksum_mode", DEFAULT_CHECKSUM_MODE)),
         gratuitous=GratuitousConfig(
             count=int(g.get("count", 5)),
@@ -186,3 +221,10 @@ def from_json(raw: dict[str, Any]) -> SpeakerConfig:
             for i in raw.get("instances", ())
         ),
     )
+
+
+def _priority_range(raw: Any) -> tuple[int, int] | None:
+    if raw is None:
+        return None
+    low, high = (int(v) for v in raw)
+    return (low, high)

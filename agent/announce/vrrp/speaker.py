@@ -16,9 +16,12 @@ Services), and adverts must leave on time whatever it does (a late advert is a f
 and a split brain). Here no other Python thread competes for the GIL.
 
 Receive-side checks (RFC 5798 §7.1) in order, each drop counted by family and `DropReason`:
-IP header malformed, TTL / hop limit not 255, source not a configured peer, then the codec's
-checks (its `DecodeReason`), then a VRID this node does not run. An advert from this node's
-own address is ignored without counting (multicast loopback is off; this is a safety net).
+IP header malformed, TTL / hop limit not 255, source not a configured peer, the frame's source
+MAC not the one that peer published (when it published one), then the codec's checks (its
+`DecodeReason`), then a VRID this node does not run, then a priority nodelb never sends (255,
+or outside the plan's rank range) from a peer not configured as keepalived. An advert from
+this node's own address is ignored without counting (multicast loopback is off; this is a
+safety net).
 
 Control and status: the parent writes commands to stdin, one JSON line each (control.py's
 `Configure` and `Stop`, encoded and decoded there); EOF on stdin (the parent died or closed
@@ -81,7 +84,9 @@ class DropReason(enum.StrEnum):
     MALFORMED = "malformed"  # the IP header could not be parsed
     TTL = "ttl"  # TTL / hop limit is not 255 (RFC 5798 §7.1)
     UNKNOWN_SOURCE = "unknown_source"  # the source is not a configured peer
+    WRONG_MAC = "wrong_mac"  # a peer's address in a frame from a MAC that is not that peer's
     UNKNOWN_VRID = "unknown_vrid"  # a valid advert for a VRID this node does not run
+    PRIORITY = "priority"  # a priority nodelb never sends, from a peer that is not keepalived
 
 
 class TimerKind(enum.IntEnum):
@@ -661,6 +666,10 @@ class Speaker:
         if packet.src not in self.config.peers:
             self._drop(family, DropReason.UNKNOWN_SOURCE)
             return
+        mac = self.config.peer_macs.get(packet.src)
+        if mac is not None and (packet.src_mac is None or packet.src_mac.hex(":") != mac):
+            self._drop(family, DropReason.WRONG_MAC)
+            return
         try:
             advert = decode(
                 packet.payload,
@@ -673,6 +682,12 @@ class Speaker:
             self._drop(family, exc.reason)
             return
         key = (family, advert.vrid)
+        if key not in self.running and key not in self.releasing:
+            self._drop(family, DropReason.UNKNOWN_VRID)
+            return
+        if not self._priority_allowed(packet.src, advert.priority):
+            self._drop(family, DropReason.PRIORITY)
+            return
         event = vs.AdvertReceived(
             now=now, src=packet.src, priority=advert.priority, max_adver_int=advert.max_adver_int
         )
@@ -687,6 +702,17 @@ class Speaker:
         elif resigned is None:
             self._drop(family, DropReason.UNKNOWN_VRID)
         self._settle_addresses()
+
+    def _priority_allowed(self, src: IPAddress, priority: int) -> bool:
+        """Return False for a priority nodelb never advertises from a nodelb peer: 255 (the
+        address owner: nodelb owns no address) or outside the plan's rank range. A forged 255
+        made every node step down at once (issue #18)."""
+        if priority == 0 or src in self.config.keepalived_peers:
+            return True
+        if priority == 255:
+            return False
+        ranks = self.config.peer_priorities
+        return ranks is None or ranks[0] <= priority <= ranks[1]
 
     # -- status -------------------------------------------------------------------------------
 
