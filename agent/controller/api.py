@@ -57,6 +57,7 @@ class Watched:
     services: ListFn
     namespaces: ListFn
     reports: ListFn  # node report Leases, in the controller's namespace
+    nodes: ListFn  # which nodes exist (a report speaks only for one), and their labels
 
 
 class LeaseAPI(Protocol):
@@ -217,4 +218,5 @@ class KubeControllerAPI:
                     label_selector=f"{REPORT_LABEL}={REPORT_LABEL_VALUE}",
                 ),
             ),
+            nodes=cast(ListFn, self._core.list_node),
         )
