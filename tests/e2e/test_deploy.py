@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import json
 import os
@@ -31,6 +32,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from agent.kube.node_report import report_body
 from lab import binaries, netns, nsclient
 from lab.controlplane import ControlPlane
 from lab.topology import Lab
@@ -144,6 +146,73 @@ def tokens(controlplane: ControlPlane, rbac: None) -> dict[str, client.ApiClient
     }
 
 
+def node_pod(admin: client.ApiClient, node: str, sa: str) -> str:
+    """Return the name of a Pod of ServiceAccount `sa` scheduled to `node` in NS (created,
+    with the Node, when missing): what a DaemonSet pod is to the apiserver. Nothing runs it;
+    a token bound to it carries the node's name, as the kubelet's projected token does."""
+    core = client.CoreV1Api(admin)
+    try:
+        core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    name = f"{sa}-{node}"
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PodSpec(
+            node_name=node,
+            service_account_name=sa,
+            containers=[client.V1Container(name="agent", image="ghcr.io/nodelb/nodelb:0.1.0")],
+        ),
+    )
+    try:
+        core.create_namespaced_pod(NS, pod, _request_timeout=REQUEST_TIMEOUT)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    return name
+
+
+@pytest.fixture(scope="module")
+def bound_agent(
+    controlplane: ControlPlane, admin: client.ApiClient, rbac: None
+) -> Callable[[str], client.ApiClient]:
+    """Return a function giving an ApiClient with an agent token bound to a Pod on a node."""
+    made: dict[str, client.ApiClient] = {}
+
+    def on(node: str) -> client.ApiClient:
+        if node not in made:
+            pod = node_pod(admin, node, AGENT)
+            path = controlplane.serviceaccount_kubeconfig(NS, AGENT, pod=pod)
+            made[node] = controlplane.api_client(path)
+        return made[node]
+
+    return on
+
+
+def report(
+    node: str,
+    *,
+    holder: str | None = None,
+    ips: tuple[str, ...] = (),
+    resource_version: str | None = None,
+    duration: int = 15,
+) -> Any:
+    """Return the report Lease an agent on `node` writes (held by `holder`, if it lies); the
+    client sends a dict as it is."""
+    body = report_body(
+        node=node,
+        namespace=NS,
+        ips=[ipaddress.ip_address(i) for i in ips],
+        now=datetime.datetime.now(datetime.UTC),
+        duration=duration,
+        resource_version=resource_version,
+    )
+    if holder is not None:
+        body["spec"]["holderIdentity"] = holder
+    return body
+
+
 # -- (a) every object is accepted by the server ---------------------------------------------
 
 
@@ -248,6 +317,7 @@ class Access:
     group: str = ""
     subresource: str = ""
     allowed: bool = True
+    name: str = ""  # one object (resourceNames), "" for any
 
 
 AGENT, CONTROLLER = "nodelb-agent", "nodelb-controller"
@@ -261,7 +331,7 @@ ACCESS = [
     *(Access(AGENT, v, "events", ns) for v in ("create", "patch") for ns in ("default", "shop")),
     *(
         Access(AGENT, v, "leases", NS, COORDINATION)
-        for v in ("get", "list", "watch", "create", "update", "patch")
+        for v in ("get", "list", "watch", "create", "update")
     ),
     # agent: what it must not do
     Access(AGENT, "update", "services", "default", subresource="status", allowed=False),
@@ -276,6 +346,7 @@ ACCESS = [
     Access(AGENT, "update", "nodes", allowed=False),
     Access(AGENT, "patch", "nodes", subresource="status", allowed=False),
     Access(AGENT, "delete", "leases", NS, COORDINATION, allowed=False),
+    Access(AGENT, "patch", "leases", NS, COORDINATION, allowed=False),
     Access(AGENT, "deletecollection", "leases", NS, COORDINATION, allowed=False),
     Access(AGENT, "create", "leases", "kube-system", COORDINATION, allowed=False),
     Access(AGENT, "create", "events", "default", "events.k8s.io", allowed=False),
@@ -289,9 +360,10 @@ ACCESS = [
     *(Access(CONTROLLER, v, "nodes") for v in ("list", "watch")),
     *(Access(CONTROLLER, v, "namespaces") for v in ("list", "watch")),
     *(Access(CONTROLLER, v, "events", "shop") for v in ("create", "patch")),
+    *(Access(CONTROLLER, v, "leases", NS, COORDINATION) for v in ("create", "list", "watch")),
     *(
-        Access(CONTROLLER, v, "leases", NS, COORDINATION)
-        for v in ("get", "create", "update", "list", "watch")
+        Access(CONTROLLER, v, "leases", NS, COORDINATION, name="nodelb-controller")
+        for v in ("get", "update")
     ),
     # controller: what it must not do
     Access(CONTROLLER, "create", "pods", NS, allowed=False),
@@ -302,6 +374,10 @@ ACCESS = [
     Access(CONTROLLER, "get", "secrets", NS, allowed=False),
     Access(CONTROLLER, "update", "nodes", allowed=False),
     Access(CONTROLLER, "delete", "leases", NS, COORDINATION, allowed=False),
+    # the node reports are the agents': the controller reads them, never writes one
+    Access(CONTROLLER, "update", "leases", NS, COORDINATION, allowed=False),
+    Access(CONTROLLER, "update", "leases", NS, COORDINATION, allowed=False, name="nodelb-node-a"),
+    Access(CONTROLLER, "patch", "leases", NS, COORDINATION, allowed=False),
     Access(CONTROLLER, "create", "leases", "default", COORDINATION, allowed=False),
     Access(CONTROLLER, "list", "endpointslices", group=DISCOVERY, allowed=False),
 ]
@@ -312,6 +388,8 @@ def access_id(a: Access) -> str:
     what = f"{a.resource}/{a.subresource}" if a.subresource else a.resource
     if a.group:
         what += f".{a.group}"
+    if a.name:
+        what += f" {a.name}"
     where = f"in {a.namespace}" if a.namespace else "cluster-wide"
     return f"{a.sa} {'may' if a.allowed else 'may not'} {a.verb} {what} {where}"
 
@@ -328,6 +406,7 @@ def test_serviceaccount_token_has_exactly_the_documented_access(
                 resource=access.resource,
                 subresource=access.subresource,
                 namespace=access.namespace,
+                name=access.name or None,
             )
         )
     )
@@ -339,24 +418,21 @@ def test_serviceaccount_token_has_exactly_the_documented_access(
 
 
 def test_agent_token_lists_services_and_keeps_its_lease_but_cannot_write_secrets(
-    tokens: dict[str, client.ApiClient],
+    tokens: dict[str, client.ApiClient], bound_agent: Callable[[str], client.ApiClient]
 ) -> None:
     agent = tokens[AGENT]
     services = client.CoreV1Api(agent).list_service_for_all_namespaces(
         _request_timeout=REQUEST_TIMEOUT
     )
     assert any(s.metadata is not None and s.metadata.name == "kubernetes" for s in services.items)
-    lease = client.V1Lease(
-        metadata=client.V1ObjectMeta(name="nodelb-node-node-1"),
-        spec=client.V1LeaseSpec(holder_identity="node-1", lease_duration_seconds=15),
+    coordination = client.CoordinationV1Api(bound_agent("node-7"))
+    created: Any = coordination.create_namespaced_lease(
+        NS, report("node-7"), _request_timeout=REQUEST_TIMEOUT
     )
-    coordination = client.CoordinationV1Api(agent)
-    coordination.create_namespaced_lease(NS, lease, _request_timeout=REQUEST_TIMEOUT)
-    coordination.patch_namespaced_lease(
-        "nodelb-node-node-1",
+    coordination.replace_namespaced_lease(
+        "nodelb-node-node-7",
         NS,
-        {"spec": {"leaseDurationSeconds": 30}},
-        _content_type="application/merge-patch+json",
+        report("node-7", resource_version=created.metadata.resource_version, duration=30),
         _request_timeout=REQUEST_TIMEOUT,
     )
     secret = client.V1Secret(metadata=client.V1ObjectMeta(name="stolen"), string_data={"k": "v"})
@@ -390,7 +466,9 @@ def test_controller_token_writes_service_status_but_not_the_service(
         _content_type="application/merge-patch+json",
         _request_timeout=REQUEST_TIMEOUT,
     )
-    stored = core.read_namespaced_service("web", "deploy-rbac", _request_timeout=REQUEST_TIMEOUT)
+    stored: Any = core.read_namespaced_service(
+        "web", "deploy-rbac", _request_timeout=REQUEST_TIMEOUT
+    )
     assert stored.status is not None and stored.status.load_balancer is not None
     assert [i.ip for i in stored.status.load_balancer.ingress or []] == ["198.18.72.1"]
     exc = refused(
@@ -403,6 +481,29 @@ def test_controller_token_writes_service_status_but_not_the_service(
         )
     )
     assert exc.status == 403
+
+
+# -- the default install ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def installed(kubectl: Kubectl, tokens: dict[str, client.ApiClient], rbac: None) -> None:
+    """Apply the default install for real, as README.md says (`kubectl apply -k deploy/`),
+    and wait until the apiserver enforces its Lease policy (policies load asynchronously)."""
+    done = kubectl("apply", "--server-side", "--field-manager=deploy-test", "-k", str(DEPLOY))
+    assert done.returncode == 0, done.stderr
+    unbound = client.CoordinationV1Api(tokens[AGENT])
+
+    def enforced() -> bool:
+        try:
+            unbound.create_namespaced_lease(
+                NS, report("node-probe"), dry_run="All", _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as exc:
+            return exc.status == 403 and "nodelb-leases" in api_message(exc)
+        return False
+
+    wait_until(enforced, POLICY_DEADLINE, "the nodelb-leases policy to be enforced")
 
 
 # -- (c) the externalIP admission policy -----------------------------------------------------
@@ -436,10 +537,9 @@ class Users:
 
 
 @pytest.fixture(scope="module")
-def users(controlplane: ControlPlane, kubectl: Kubectl, admin: client.ApiClient) -> Users:
-    """Apply the policy for real, grant two groups Service writes in APPS, and wait until the
+def users(controlplane: ControlPlane, installed: None, admin: client.ApiClient) -> Users:
+    """With the default install applied, grant two groups Service writes in APPS, and wait until the
     apiserver enforces the policy (it loads policies asynchronously)."""
-    kubectl.apply(POLICY.read_text())
     core = client.CoreV1Api(admin)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=APPS)))
     rbac_api = client.RbacAuthorizationV1Api(admin)
@@ -556,7 +656,7 @@ def test_admission_policy_on_create(case: Create, users: Users) -> None:
     body = service(name, list(case.external_ips))
     if not case.refused_ips:
         api.create_namespaced_service(APPS, body, _request_timeout=REQUEST_TIMEOUT)
-        stored = users.master.read_namespaced_service(name, APPS)
+        stored: Any = users.master.read_namespaced_service(name, APPS)
         assert stored.spec is not None
         assert stored.spec.external_ips == list(case.external_ips)
         return
@@ -601,7 +701,7 @@ def test_admission_policy_judges_only_addresses_an_update_adds(users: Users) -> 
     message = api_message(exc)
     assert exc.status == 403 and OUTSIDE in message
     assert "198.18.80.21" in message and "198.18.80.20" not in message
-    stored = users.master.read_namespaced_service("legacy", APPS)
+    stored: Any = users.master.read_namespaced_service("legacy", APPS)
     assert stored.spec is not None
     assert stored.spec.external_ips == ["198.18.80.20", "198.18.64.20"]
 
@@ -628,9 +728,42 @@ def test_admission_policy_lets_a_service_list_its_own_loadbalancer_ip(users: Use
     assert exc.status == 403 and IN_POOL in message and "198.18.72.30" in message
 
 
+def test_the_default_install_refuses_a_service_claiming_another_services_lb_ip(
+    users: Users,
+) -> None:
+    """CVE-2020-8554 as kube-proxy would serve it: a Service listing a victim's LoadBalancer
+    IP as an externalIP gets the victim's undeclared ports. The default install (the
+    `installed` fixture: README's `kubectl apply -k deploy/`) refuses it at the API."""
+    users.master.create_namespaced_service(APPS, service("victim", [], type="LoadBalancer"))
+    users.master.patch_namespaced_service_status(
+        "victim",
+        APPS,
+        {"status": {"loadBalancer": {"ingress": [{"ip": "198.18.72.50"}]}}},
+        _content_type="application/merge-patch+json",
+    )
+    thief = client.V1Service(
+        metadata=client.V1ObjectMeta(name="thief"),
+        spec=client.V1ServiceSpec(
+            ports=[
+                client.V1ServicePort(name="ssh", port=22),
+                client.V1ServicePort(name="alt", port=8080),
+            ],
+            external_ips=["198.18.72.50"],
+        ),
+    )
+    exc = refused(
+        lambda: users.developer.create_namespaced_service(
+            APPS, thief, _request_timeout=REQUEST_TIMEOUT
+        )
+    )
+    message = api_message(exc)
+    assert exc.status == 403 and IN_POOL in message and "198.18.72.50" in message, message
+    assert refused(lambda: users.master.read_namespaced_service("thief", APPS)).status == 404
+
+
 def test_admission_policy_ignores_services_without_external_ips(users: Users) -> None:
     users.developer.create_namespaced_service(APPS, service("plain", [], type="LoadBalancer"))
-    stored = users.master.read_namespaced_service("plain", APPS)
+    stored: Any = users.master.read_namespaced_service("plain", APPS)
     assert stored.spec is not None and stored.spec.type == "LoadBalancer"
 
 
@@ -687,11 +820,13 @@ def wait_ready(lab: Lab, proc: subprocess.Popen[bytes], ns: str, url: str, what:
 def running(
     cp_lab: Lab,
     controlplane: ControlPlane,
-    rbac: None,
+    admin: client.ApiClient,
+    installed: None,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Running]:
     """Start the agent on node-1 and one controller replica next to the apiserver, each with
-    its ServiceAccount's token and the ConfigMap's configuration; stopped by PID after."""
+    its ServiceAccount's token and the ConfigMap's configuration; stopped by PID after. The
+    agent's token is bound to a Pod on node-1, as the kubelet's projected token is."""
     workdir = tmp_path_factory.mktemp("deploy-run")
     config = workdir / "config.yaml"
     config.write_text(
@@ -708,7 +843,9 @@ def running(
                 "DaemonSet",
                 AGENT,
                 config=config,
-                kubeconfig=controlplane.serviceaccount_kubeconfig(NS, AGENT),
+                kubeconfig=controlplane.serviceaccount_kubeconfig(
+                    NS, AGENT, pod=node_pod(admin, node.name, AGENT)
+                ),
             ),
             log_name="deploy-agent",
             env={**env, "NODE_NAME": node.name, "POD_NAME": "nodelb-agent-x1"},
@@ -809,3 +946,210 @@ def test_agent_syncs_and_posts_events_with_its_token(
     assert "198.18.80.9" in (event.message or "")
     assert http_status(running.agent_ns, "http://127.0.0.1:9472/readyz") == 200
     no_forbidden(cp_lab, running.agent)
+
+
+def condition(admin: client.ApiClient, namespace: str, name: str, kind: str) -> str:
+    """Return a Service condition as "status/reason" ("" when it is not set)."""
+    svc = client.CoreV1Api(admin).read_namespaced_service(
+        name, namespace, _request_timeout=REQUEST_TIMEOUT
+    )
+    for c in (svc.status.conditions if svc.status else None) or []:
+        if c.type == kind:
+            return f"{c.status}/{c.reason}"
+    return ""
+
+
+def logged(lab: Lab, proc: subprocess.Popen[bytes], text: str) -> Callable[[], bool]:
+    """Return a predicate: has `proc` logged `text`?"""
+    return lambda: text in lab.log_of(proc)
+
+
+def test_controller_believes_no_forged_report_but_the_nodes_own(
+    running: Running,
+    admin: client.ApiClient,
+    cp_lab: Lab,
+    bound_agent: Callable[[str], client.ApiClient],
+) -> None:
+    core = client.CoreV1Api(admin)
+    core.create_namespaced_service(
+        RUN_NS, service("target", [], type="LoadBalancer"), _request_timeout=REQUEST_TIMEOUT
+    )
+    svc = client.CoreV1Api(admin).read_namespaced_service
+
+    def ingress() -> list[str]:
+        got = svc("target", RUN_NS, _request_timeout=REQUEST_TIMEOUT)
+        lb = got.status.load_balancer if got.status else None
+        return [i.ip for i in (lb.ingress if lb else None) or [] if i.ip]
+
+    (ip,) = wait_until(ingress, WORK_DEADLINE, "an ingress IP on Service target")
+    # What a compromised node would write if the policy were not installed (the admin is
+    # not subject to it): a report for a node that does not exist, and one whose name and
+    # holder disagree. Neither turns Serving True.
+    coordination = client.CoordinationV1Api(admin)
+    forged = [report("ghost", ips=(ip,)), report("node-8", holder="node-1", ips=(ip,))]
+    for body in forged:
+        coordination.create_namespaced_lease(NS, body, _request_timeout=REQUEST_TIMEOUT)
+    try:
+        for said in ("'ghost' not believed (UnknownNode)", "'node-1' not believed (Malformed)"):
+            wait_until(logged(cp_lab, running.controller, said), WORK_DEADLINE, said)
+        assert condition(admin, RUN_NS, "target", "LoadBalancerServing") == "False/Provisioning"
+        # The node's own report, written with its own Pod-bound token, is believed.
+        own = client.CoordinationV1Api(bound_agent("node-5"))
+        own.create_namespaced_lease(
+            NS, report("node-5", ips=(ip,), duration=60), _request_timeout=REQUEST_TIMEOUT
+        )
+        wait_until(
+            lambda: condition(admin, RUN_NS, "target", "LoadBalancerServing") == "True/Serving",
+            WORK_DEADLINE,
+            "Serving=True once node-5 reports the address",
+        )
+    finally:
+        for body in forged:
+            coordination.delete_namespaced_lease(body["metadata"]["name"], NS)
+        coordination.delete_namespaced_lease("nodelb-node-node-5", NS)
+
+
+# -- (e) one node's token reaches only its own report ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def controller_lease(admin: client.ApiClient, installed: None) -> None:
+    """Make sure the leader Lease exists (as the running controller's)."""
+    lease = client.V1Lease(
+        metadata=client.V1ObjectMeta(name="nodelb-controller"),
+        spec=client.V1LeaseSpec(holder_identity="nodelb-controller-0", lease_duration_seconds=15),
+    )
+    try:
+        client.CoordinationV1Api(admin).create_namespaced_lease(NS, lease)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def lease_refusal(call: Callable[[], object]) -> str:
+    """Return the message of the 403 the Lease policy answers `call` with."""
+    exc = refused(call)
+    message = api_message(exc)
+    assert exc.status == 403, message
+    assert "ValidatingAdmissionPolicy 'nodelb-leases'" in message, message
+    return message
+
+
+def test_an_agent_writes_and_renews_its_own_report(
+    installed: None, bound_agent: Callable[[str], client.ApiClient]
+) -> None:
+    coordination = client.CoordinationV1Api(bound_agent("node-3"))
+    created: Any = coordination.create_namespaced_lease(
+        NS, report("node-3", ips=("198.18.64.99",)), _request_timeout=REQUEST_TIMEOUT
+    )
+    version = created.metadata.resource_version
+    for _ in range(2):  # renewals, as NodeReporter does them: read, then replace
+        renewed: Any = coordination.replace_namespaced_lease(
+            "nodelb-node-node-3",
+            NS,
+            report("node-3", ips=("198.18.64.99",), resource_version=version),
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+        assert renewed.metadata.resource_version != version
+        version = renewed.metadata.resource_version
+    assert renewed.spec.holder_identity == "node-3"
+
+
+def test_an_agent_cannot_touch_the_controllers_lease(
+    installed: None,
+    controller_lease: None,
+    bound_agent: Callable[[str], client.ApiClient],
+    admin: client.ApiClient,
+) -> None:
+    coordination = client.CoordinationV1Api(bound_agent("node-3"))
+    stolen: Any = coordination.read_namespaced_lease("nodelb-controller", NS)
+    before = stolen.spec.holder_identity
+    stolen.spec.holder_identity = "node-3"
+    stolen.spec.lease_duration_seconds = 86400
+    message = lease_refusal(
+        lambda: coordination.replace_namespaced_lease(
+            "nodelb-controller", NS, stolen, _request_timeout=REQUEST_TIMEOUT
+        )
+    )
+    assert "may write only the Lease nodelb-node-node-3, not nodelb-controller" in message
+    for call in (
+        lambda: coordination.patch_namespaced_lease(
+            "nodelb-controller",
+            NS,
+            {"spec": {"holderIdentity": "node-3"}},
+            _content_type="application/merge-patch+json",
+        ),
+        lambda: coordination.delete_namespaced_lease("nodelb-controller", NS),
+    ):
+        assert refused(call).status == 403  # RBAC: neither verb is granted
+    stored: Any = client.CoordinationV1Api(admin).read_namespaced_lease("nodelb-controller", NS)
+    assert stored.spec.holder_identity == before
+
+
+def test_an_agent_cannot_report_for_another_node(
+    installed: None, bound_agent: Callable[[str], client.ApiClient], admin: client.ApiClient
+) -> None:
+    coordination = client.CoordinationV1Api(bound_agent("node-3"))
+    message = lease_refusal(
+        lambda: coordination.create_namespaced_lease(
+            NS, report("node-4", ips=("198.18.72.7",)), _request_timeout=REQUEST_TIMEOUT
+        )
+    )
+    assert "may write only the Lease nodelb-node-node-3, not nodelb-node-node-4" in message
+    # Its own Lease's name, but held for another node: refused too.
+    message = lease_refusal(
+        lambda: coordination.create_namespaced_lease(
+            NS, report("node-3", holder="node-4"), dry_run="All", _request_timeout=REQUEST_TIMEOUT
+        )
+    )
+    assert "must hold its report Lease as node-3" in message
+    missing = refused(
+        lambda: client.CoordinationV1Api(admin).read_namespaced_lease("nodelb-node-node-4", NS)
+    )
+    assert missing.status == 404
+
+
+def test_an_agent_cannot_overwrite_another_nodes_report(
+    installed: None, bound_agent: Callable[[str], client.ApiClient], admin: client.ApiClient
+) -> None:
+    victim = client.CoordinationV1Api(bound_agent("node-6"))
+    created: Any = victim.create_namespaced_lease(
+        NS, report("node-6", ips=("198.18.64.60",)), _request_timeout=REQUEST_TIMEOUT
+    )
+    attacker = client.CoordinationV1Api(bound_agent("node-3"))
+    overwrite = report(
+        "node-6", ips=("198.18.64.61",), resource_version=created.metadata.resource_version
+    )
+    message = lease_refusal(
+        lambda: attacker.replace_namespaced_lease(
+            "nodelb-node-node-6", NS, overwrite, _request_timeout=REQUEST_TIMEOUT
+        )
+    )
+    assert "may write only the Lease nodelb-node-node-3, not nodelb-node-node-6" in message
+    stored: Any = client.CoordinationV1Api(admin).read_namespaced_lease("nodelb-node-node-6", NS)
+    assert stored.metadata.resource_version == created.metadata.resource_version
+    assert stored.metadata.annotations["nodelb.io/serving-ips"] == "198.18.64.60"
+
+
+def test_a_token_bound_to_no_pod_writes_no_lease(
+    installed: None, tokens: dict[str, client.ApiClient]
+) -> None:
+    unbound = client.CoordinationV1Api(tokens[AGENT])
+    message = lease_refusal(
+        lambda: unbound.create_namespaced_lease(
+            NS, report("node-1"), dry_run="All", _request_timeout=REQUEST_TIMEOUT
+        )
+    )
+    assert "this token names no node" in message
+
+
+def test_the_controller_writes_no_lease_but_its_own(
+    installed: None, tokens: dict[str, client.ApiClient]
+) -> None:
+    controller = client.CoordinationV1Api(tokens[CONTROLLER])
+    message = lease_refusal(
+        lambda: controller.create_namespaced_lease(
+            NS, report("node-2", ips=("198.18.72.9",)), _request_timeout=REQUEST_TIMEOUT
+        )
+    )
+    assert "the nodelb controller may write only the Lease nodelb-controller" in message

@@ -148,6 +148,8 @@ def test_the_manifests_hold_exactly_the_documented_objects() -> None:
             ("PodDisruptionBudget", "nodelb-controller"),
             ("ValidatingAdmissionPolicy", "nodelb-externalips"),
             ("ValidatingAdmissionPolicyBinding", "nodelb-externalips"),
+            ("ValidatingAdmissionPolicy", "nodelb-leases"),
+            ("ValidatingAdmissionPolicyBinding", "nodelb-leases"),
         ]
     )
     # The Namespace comes first so that one `kubectl apply -f` creates it before its objects.
@@ -303,25 +305,26 @@ def test_configmap_config_parses_with_the_controller_loader() -> None:
 
 # -- RBAC -------------------------------------------------------------------------------------
 
-Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
+Rule = tuple[str, str, str, str]  # (apiGroup, resource, verb, resourceName or "")
 
 
 def rules(kind: str, name: str) -> set[Rule]:
-    """Return the (group, resource, verb) triples a (Cluster)Role grants."""
+    """Return the (group, resource, verb, resourceName) a (Cluster)Role grants."""
     out: set[Rule] = set()
     for r in obj(kind, name)["rules"]:
-        assert "resourceNames" not in r and "nonResourceURLs" not in r
+        assert "nonResourceURLs" not in r
         for g in r["apiGroups"]:
             for res in r["resources"]:
                 for v in r["verbs"]:
-                    assert "*" not in (g, res, v), f"{kind} {name} uses a wildcard"
-                    out.add((g, res, v))
+                    for n in r.get("resourceNames") or [""]:
+                        assert "*" not in (g, res, v, n), f"{kind} {name} uses a wildcard"
+                        out.add((g, res, v, n))
     return out
 
 
-def triples(group: str, resource: str, verbs: str) -> set[Rule]:
-    """Return one triple per space-separated verb."""
-    return {(group, resource, v) for v in verbs.split()}
+def triples(group: str, resource: str, verbs: str, name: str = "") -> set[Rule]:
+    """Return one rule per space-separated verb (on the object `name` only, when given)."""
+    return {(group, resource, v, name) for v in verbs.split()}
 
 
 EXPECTED_RULES: dict[tuple[str, str], set[Rule]] = {
@@ -329,17 +332,17 @@ EXPECTED_RULES: dict[tuple[str, str], set[Rule]] = {
     | triples("discovery.k8s.io", "endpointslices", "list watch")
     | triples("", "nodes", "get list watch")
     | triples("", "events", "create patch"),
+    # Which Leases each agent writes is the admission policy nodelb-leases' job.
     ("Role", "nodelb-agent"): triples(
-        "coordination.k8s.io", "leases", "get list watch create update patch"
+        "coordination.k8s.io", "leases", "get list watch create update"
     ),
     ("ClusterRole", "nodelb-controller"): triples("", "services", "list watch")
     | triples("", "services/status", "get update patch")
     | triples("", "nodes", "list watch")
     | triples("", "namespaces", "list watch")
     | triples("", "events", "create patch"),
-    ("Role", "nodelb-controller"): triples(
-        "coordination.k8s.io", "leases", "get create update list watch"
-    ),
+    ("Role", "nodelb-controller"): triples("coordination.k8s.io", "leases", "create list watch")
+    | triples("coordination.k8s.io", "leases", "get update", "nodelb-controller"),
 }
 
 
@@ -425,3 +428,34 @@ def test_policy_checks_service_writes_and_exempts_the_admin_groups() -> None:
         assert "messageExpression" in validation and validation["reason"] == "Forbidden"
     binding = obj("ValidatingAdmissionPolicyBinding", "nodelb-externalips", POLICY_DOCS)
     assert binding["spec"] == {"policyName": "nodelb-externalips", "validationActions": ["Deny"]}
+
+
+def test_the_lease_policy_binds_both_service_accounts_to_their_own_leases() -> None:
+    policy = obj("ValidatingAdmissionPolicy", "nodelb-leases", POLICY_DOCS)
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": NS}
+    }
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"]) == (["coordination.k8s.io"], ["leases"])
+    assert sorted(rule["operations"]) == ["CREATE", "UPDATE"]
+    (match,) = spec["matchConditions"]
+    for sa in ("nodelb-agent", "nodelb-controller"):
+        assert f"'system:serviceaccount:{NS}:{sa}'" in match["expression"]
+    node = next(v for v in spec["variables"] if v["name"] == "node")
+    assert "'authentication.kubernetes.io/node-name'" in node["expression"]
+    binding = obj("ValidatingAdmissionPolicyBinding", "nodelb-leases", POLICY_DOCS)
+    assert binding["spec"] == {"policyName": "nodelb-leases", "validationActions": ["Deny"]}
+
+
+def test_the_default_install_applies_every_manifest_and_both_policies() -> None:
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Kustomization"
+    # The admission policies are not optional extras: without nodelb-externalips kube-proxy
+    # serves refused externalIPs (CVE-2020-8554), without nodelb-leases nodes forge reports.
+    assert kustomization["resources"] == list(OWN_FILES)
+    readme = (ROOT / "README.md").read_text()
+    deploy_doc = (ROOT / "docs" / "deploy.md").read_text()
+    for text in (readme, deploy_doc):
+        assert "kubectl apply --server-side -k deploy/" in text
