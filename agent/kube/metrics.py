@@ -15,3 +15,10 @@ WATCH_RESTARTS = Counter(
     "List/watch restarts, by resource and reason (gone: relist after 410; error: reconnect).",
     ["resource", "reason"],
 )
+
+HTTP_AUTH = Counter(
+    "nodelb_http_auth_total",
+    "Requests for /metrics and /status by the bearer-token gate's verdict (Allowed, NoToken, "
+    "Unauthenticated, Forbidden, ReviewFailed).",
+    ["verdict"],
+)
