@@ -23,7 +23,6 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.kube.node_report import report_body
 from agent.kube.node_reporter import NodeReporter
-from lab import nsclient
 from lab.controllers import NAMESPACE, ControllerSet
 from lab.controlplane import ControlPlane
 from lab.topology import Lab
@@ -150,10 +149,9 @@ def observe(seconds: float, what: str) -> None:
 
 
 def scrape(cs: ControllerSet, name: str) -> str:
-    assert cs.lab.controlplane is not None
-    with nsclient.pool_manager(cs.lab.controlplane.ns) as pm:
-        resp = pm.request("GET", cs.metrics_url(name), timeout=2.0, retries=False)
-        return str(resp.data.decode())
+    code, body = cs.scrape(name)
+    assert code == 200, body
+    return body
 
 
 class HolderWatcher:

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import ipaddress
 import json
 import os
@@ -33,7 +34,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from agent.kube.node_report import report_body
-from lab import binaries, netns, nsclient
+from lab import binaries, netns, readers
 from lab.controlplane import ControlPlane
 from lab.topology import Lab
 from lab.wait import GiveUp, wait_until
@@ -138,11 +139,12 @@ def rbac(kubectl: Kubectl, namespace: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def tokens(controlplane: ControlPlane, rbac: None) -> dict[str, client.ApiClient]:
-    """Return an ApiClient per ServiceAccount, authenticating with a real token."""
+def tokens(controlplane: ControlPlane, rbac: None, reader: str) -> dict[str, client.ApiClient]:
+    """Return an ApiClient per ServiceAccount (nodelb's two and a metrics reader),
+    authenticating with a real token."""
     return {
         sa: controlplane.api_client(controlplane.serviceaccount_kubeconfig(NS, sa))
-        for sa in ("nodelb-agent", "nodelb-controller")
+        for sa in ("nodelb-agent", "nodelb-controller", READER_SA)
     }
 
 
@@ -318,12 +320,28 @@ class Access:
     subresource: str = ""
     allowed: bool = True
     name: str = ""  # one object (resourceNames), "" for any
+    path: str = ""  # a non-resource URL (then resource and the rest are unused)
 
 
 AGENT, CONTROLLER = "nodelb-agent", "nodelb-controller"
 DISCOVERY, COORDINATION = "discovery.k8s.io", "coordination.k8s.io"
 
+AUTHN, AUTHZ = "authentication.k8s.io", "authorization.k8s.io"
+READER_SA = "deploy-reader"
 ACCESS = [
+    # both: the reviews behind /metrics and /status; neither may read another's endpoint
+    *(Access(sa, "create", "tokenreviews", group=AUTHN) for sa in (AGENT, CONTROLLER)),
+    *(Access(sa, "create", "subjectaccessreviews", group=AUTHZ) for sa in (AGENT, CONTROLLER)),
+    *(
+        Access(sa, "get", "", path=p, allowed=False)
+        for sa in (AGENT, CONTROLLER)
+        for p in ("/metrics", "/status")
+    ),
+    # a reader bound to nodelb-metrics-reader: those two paths, nothing else
+    *(Access(READER_SA, "get", "", path=p) for p in ("/metrics", "/status")),
+    Access(READER_SA, "get", "", path="/debug/pprof", allowed=False),
+    Access(READER_SA, "list", "services", allowed=False),
+    Access(READER_SA, "create", "tokenreviews", group=AUTHN, allowed=False),
     # agent: what it reads, the Events it posts, its node-report Lease
     *(Access(AGENT, v, "services") for v in ("list", "watch")),
     *(Access(AGENT, v, "endpointslices", group=DISCOVERY) for v in ("list", "watch")),
@@ -385,6 +403,8 @@ ACCESS = [
 
 def access_id(a: Access) -> str:
     """Return a test id such as "nodelb-agent may list services in all namespaces"."""
+    if a.path:
+        return f"{a.sa} {'may' if a.allowed else 'may not'} {a.verb} {a.path}"
     what = f"{a.resource}/{a.subresource}" if a.subresource else a.resource
     if a.group:
         what += f".{a.group}"
@@ -398,8 +418,14 @@ def access_id(a: Access) -> str:
 def test_serviceaccount_token_has_exactly_the_documented_access(
     access: Access, tokens: dict[str, client.ApiClient]
 ) -> None:
-    review = client.V1SelfSubjectAccessReview(
-        spec=client.V1SelfSubjectAccessReviewSpec(
+    if access.path:
+        spec = client.V1SelfSubjectAccessReviewSpec(
+            non_resource_attributes=client.V1NonResourceAttributes(
+                path=access.path, verb=access.verb
+            )
+        )
+    else:
+        spec = client.V1SelfSubjectAccessReviewSpec(
             resource_attributes=client.V1ResourceAttributes(
                 verb=access.verb,
                 group=access.group,
@@ -409,7 +435,7 @@ def test_serviceaccount_token_has_exactly_the_documented_access(
                 name=access.name or None,
             )
         )
-    )
+    review = client.V1SelfSubjectAccessReview(spec=spec)
     result = client.AuthorizationV1Api(tokens[access.sa]).create_self_subject_access_review(
         review, _request_timeout=REQUEST_TIMEOUT
     )
@@ -774,6 +800,8 @@ RUN_NS = "deploy-run"
 START_DEADLINE = 60.0
 WORK_DEADLINE = 30.0
 _REPO = Path(__file__).resolve().parents[2]
+AGENT_URL = "https://127.0.0.1:9472"  # the ConfigMap's metricsAddress, dialled in its node
+CONTROLLER_URL = "https://127.0.0.1:9473"  # the Deployment's --metrics-address
 
 
 @dataclass(frozen=True, slots=True)
@@ -784,34 +812,49 @@ class Running:
     controller: subprocess.Popen[bytes]
     agent_ns: str
     controller_ns: str
+    agent_cert: Path  # the self-signed certificates they published
+    controller_cert: Path
 
 
-def manifest_argv(kind: str, name: str, *, config: Path, kubeconfig: Path) -> list[str]:
+def manifest_argv(
+    kind: str, name: str, *, config: Path, kubeconfig: Path, cert_out: Path
+) -> list[str]:
     """Return the container's command line as the kubelet would run it, pointed at the lab.
 
     The image's entrypoint `nodelb` is `python -m agent.cli`; `$(POD_NAMESPACE)` is expanded
-    as the kubelet does; the ConfigMap mount is replaced by a file holding the same text; and
-    the in-cluster credentials by a kubeconfig carrying the ServiceAccount's token.
+    as the kubelet does; the ConfigMap mount is replaced by a file holding the same text; the
+    in-cluster credentials by a kubeconfig carrying the ServiceAccount's token; and the
+    self-signed certificate is published into the test's directory rather than the host's
+    /tmp (the container's own /tmp is an emptyDir).
     """
     (c,) = find(documents(MANIFESTS), kind, name)["spec"]["template"]["spec"]["containers"]
     args = [a.replace("$(POD_NAMESPACE)", NS) for a in c["args"]]
     args = [f"--config={config}" if a.startswith("--config=") else a for a in args]
-    return [sys.executable, "-m", "agent.cli", *args, f"--kubeconfig={kubeconfig}"]
+    return [
+        sys.executable,
+        "-m",
+        "agent.cli",
+        *args,
+        f"--kubeconfig={kubeconfig}",
+        f"--metrics-cert-out={cert_out}",
+    ]
 
 
-def http_status(ns: str, url: str) -> int:
-    """Return the status of a GET on `url`, dialled inside namespace `ns`."""
-    with nsclient.pool_manager(ns) as pm:
-        return pm.request("GET", url, timeout=2.0, retries=False).status
-
-
-def wait_ready(lab: Lab, proc: subprocess.Popen[bytes], ns: str, url: str, what: str) -> None:
-    """Wait until `url` answers 200; fail at once, with the log, if the process exits."""
+def wait_ready(
+    lab: Lab, proc: subprocess.Popen[bytes], *, ns: str, url: str, cert: Path, what: str
+) -> None:
+    """Wait until `url` answers 200 (no token: the probe paths are open); fail at once, with
+    the log, if the process exits."""
 
     def ready() -> bool:
         if proc.poll() is not None:
             raise GiveUp(f"{what} exited {proc.returncode}:\n{lab.log_of(proc)[-3000:]}")
-        return http_status(ns, url) == 200
+        if not cert.exists():
+            return False
+        try:
+            return readers.get(ns, url, cert=cert, token=None)[0] == 200
+        except Exception:
+            return False  # not listening yet
 
     wait_until(ready, START_DEADLINE, f"{what} to answer {url}")
 
@@ -835,6 +878,7 @@ def running(
     env = {**os.environ, "PYTHONPATH": str(_REPO), "POD_NAMESPACE": NS}
     node = cp_lab.node("node-1")
     assert cp_lab.controlplane is not None
+    agent_cert, controller_cert = workdir / "agent.crt", workdir / "controller.crt"
     started: list[subprocess.Popen[bytes]] = []
     try:
         agent = cp_lab.spawn(
@@ -846,6 +890,7 @@ def running(
                 kubeconfig=controlplane.serviceaccount_kubeconfig(
                     NS, AGENT, pod=node_pod(admin, node.name, AGENT)
                 ),
+                cert_out=agent_cert,
             ),
             log_name="deploy-agent",
             env={**env, "NODE_NAME": node.name, "POD_NAME": "nodelb-agent-x1"},
@@ -858,23 +903,34 @@ def running(
                 CONTROLLER,
                 config=config,
                 kubeconfig=controlplane.serviceaccount_kubeconfig(NS, CONTROLLER),
+                cert_out=controller_cert,
             ),
             log_name="deploy-controller",
             env={**env, "POD_NAME": "nodelb-controller-0"},
         )
         started.append(controller)
-        wait_ready(cp_lab, agent, node.ns, "http://127.0.0.1:9472/readyz", "nodelb agent")
+        wait_ready(
+            cp_lab,
+            agent,
+            ns=node.ns,
+            url=f"{AGENT_URL}/readyz",
+            cert=agent_cert,
+            what="nodelb agent",
+        )
         wait_ready(
             cp_lab,
             controller,
-            cp_lab.controlplane.ns,
-            "http://127.0.0.1:9473/readyz",
-            "nodelb controller",
+            ns=cp_lab.controlplane.ns,
+            url=f"{CONTROLLER_URL}/readyz",
+            cert=controller_cert,
+            what="nodelb controller",
         )
         client.CoreV1Api(controlplane.api_client()).create_namespace(
             client.V1Namespace(metadata=client.V1ObjectMeta(name=RUN_NS))
         )
-        yield Running(agent, controller, node.ns, cp_lab.controlplane.ns)
+        yield Running(
+            agent, controller, node.ns, cp_lab.controlplane.ns, agent_cert, controller_cert
+        )
     finally:
         for proc in started:
             cp_lab.stop(proc)
@@ -944,7 +1000,9 @@ def test_agent_syncs_and_posts_events_with_its_token(
     )
     assert event.type == "Warning"
     assert "198.18.80.9" in (event.message or "")
-    assert http_status(running.agent_ns, "http://127.0.0.1:9472/readyz") == 200
+    assert readers.get(
+        running.agent_ns, f"{AGENT_URL}/readyz", cert=running.agent_cert, token=None
+    ) == (200, "ready\n")
     no_forbidden(cp_lab, running.agent)
 
 
@@ -1153,3 +1211,120 @@ def test_the_controller_writes_no_lease_but_its_own(
         )
     )
     assert "the nodelb controller may write only the Lease nodelb-controller" in message
+
+
+# -- (f) /metrics and /status: only a reader's token, checked by the real apiserver ----------
+
+
+@pytest.fixture(scope="module")
+def reader(controlplane: ControlPlane, admin: client.ApiClient, rbac: None) -> str:
+    """Return a token of a ServiceAccount bound to nodelb-metrics-reader, as an operator binds
+    Prometheus' (deploy/prometheus-scrape.yaml)."""
+    token = controlplane.serviceaccount_token(NS, READER_SA)
+    binding: Any = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": READER_SA},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "nodelb-metrics-reader",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": READER_SA, "namespace": NS}],
+    }
+    try:
+        client.RbacAuthorizationV1Api(admin).create_cluster_role_binding(binding)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    return token
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    """One GET of a protected path and the answer the gate must give."""
+
+    token: str  # "none", "garbage", "agent" (valid, no permission), "reader"
+    path: str
+    status: int
+
+
+SCRAPES = [
+    pytest.param(Scrape("none", "/metrics", 401), id="no token: 401"),
+    pytest.param(Scrape("garbage", "/metrics", 401), id="a token the apiserver rejects: 401"),
+    pytest.param(Scrape("agent", "/metrics", 403), id="a valid token without the grant: 403"),
+    pytest.param(Scrape("agent", "/status", 403), id="status without the grant: 403"),
+    pytest.param(Scrape("reader", "/metrics", 200), id="a reader's token: metrics"),
+    pytest.param(Scrape("reader", "/status", 200), id="a reader's token: status"),
+    pytest.param(Scrape("none", "/healthz", 200), id="liveness stays open for probes"),
+]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "[::1]"], ids=["IPv4", "IPv6"])
+@pytest.mark.parametrize("case", SCRAPES)
+def test_the_agent_answers_only_a_reader_on_both_families(
+    case: Scrape,
+    host: str,
+    running: Running,
+    reader: str,
+    controlplane: ControlPlane,
+) -> None:
+    token = {
+        "none": None,
+        "garbage": "eyJhbGciOiJSUzI1NiJ9.e30.c2lnbmF0dXJl",
+        "agent": controlplane.serviceaccount_token(NS, AGENT),
+        "reader": reader,
+    }[case.token]
+    url = f"https://{host}:9472{case.path}"
+    code, body = readers.get(running.agent_ns, url, cert=running.agent_cert, token=token)
+    assert code == case.status, body
+    if case.path == "/metrics" and code == 200:
+        assert "nodelb_http_auth_total" in body
+    if case.path == "/status" and code == 200:
+        assert json.loads(body)["node"] == "node-1"
+    if code != 200:
+        assert "nodelb_" not in body  # not one metric leaks with the refusal
+
+
+def test_the_controller_answers_only_a_reader(
+    running: Running, reader: str, controlplane: ControlPlane
+) -> None:
+    get = functools.partial(readers.get, running.controller_ns, cert=running.controller_cert)
+    for host in ("127.0.0.1", "[::1]"):
+        url = f"https://{host}:9473/metrics"
+        assert get(url, token=None)[0] == 401
+        assert get(url, token=controlplane.serviceaccount_token(NS, CONTROLLER))[0] == 403
+        code, body = get(url, token=reader)
+        assert code == 200 and "nodelb_controller_leader" in body
+
+
+def test_nodelb_status_reads_the_agent_with_a_token_file(
+    running: Running, reader: str, tmp_path: Path, cp_lab: Lab
+) -> None:
+    """The command as an operator runs it on the node: the address from the agent's config,
+    the token from a file, the agent's published certificate pinned."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        find(documents(MANIFESTS), "ConfigMap", "nodelb-config")["data"]["config.yaml"]
+    )
+    token = tmp_path / "token"
+    token.write_text(reader)
+    argv = [
+        "env",
+        f"PYTHONPATH={_REPO}",
+        sys.executable,
+        "-m",
+        "agent.cli",
+        "status",
+        f"--config={config}",
+        f"--token-file={token}",
+        f"--agent-cert={running.agent_cert}",
+        "--json",
+    ]
+    done = netns.run(running.agent_ns, argv, check=False, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["node"] == "node-1"
+    token.write_text("garbage")
+    refused_run = netns.run(running.agent_ns, argv, check=False, timeout=60)
+    assert refused_run.returncode == 1
+    assert "HTTP 401" in refused_run.stderr and "--token" in refused_run.stderr
