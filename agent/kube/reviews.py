@@ -59,13 +59,7 @@ class KubeReviewer:
 
     def review_token(self, token: str) -> TokenResult:
         body = client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token))
-        try:
-            raw: Any = self._authn.create_token_review(
-                body, _preload_content=False, _request_timeout=REVIEW_TIMEOUT
-            )
-            status = orjson.loads(raw.data).get("status") or {}
-        except Exception as exc:
-            raise ReviewError(f"TokenReview failed: {exc}") from None
+        status = _status("TokenReview", self._authn.create_token_review, body)
         return identity_from_review(status)
 
     def review_access(self, identity: Identity, path: str) -> AccessResult:
@@ -78,14 +72,18 @@ class KubeReviewer:
                 non_resource_attributes=client.V1NonResourceAttributes(path=path, verb=VERB),
             )
         )
-        try:
-            raw: Any = self._authz.create_subject_access_review(
-                body, _preload_content=False, _request_timeout=REVIEW_TIMEOUT
-            )
-            status = orjson.loads(raw.data).get("status") or {}
-        except Exception as exc:
-            raise ReviewError(f"SubjectAccessReview failed: {exc}") from None
+        status = _status("SubjectAccessReview", self._authz.create_subject_access_review, body)
         return AccessResult(status.get("allowed") is True, str(status.get("reason") or ""))
+
+
+def _status(kind: str, create: Callable[..., Any], body: Any) -> dict[str, Any]:
+    """Return the raw `status` of a review `create` answers; ReviewError when it cannot."""
+    try:
+        raw: Any = create(body, _preload_content=False, _request_timeout=REVIEW_TIMEOUT)
+        status = orjson.loads(raw.data).get("status") or {}
+    except Exception as exc:  # any transport or API failure: the caller answers 503
+        raise ReviewError(f"{kind} failed: {exc}") from None
+    return dict(status) if isinstance(status, dict) else {}
 
 
 class AccessGate:
