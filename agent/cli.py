@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 from pathlib import Path
@@ -30,7 +31,7 @@ from agent.dataplane.libnft import LibNftRunner
 from agent.dataplane.netlink import NetlinkElementSender
 from agent.dataplane.netlink_dump import NetlinkTableReader
 from agent.dataplane.tamper import TamperGuard
-from agent.http_server import HealthServer
+from agent.http_server import HealthServer, parse_addresses
 from agent.kube.client import api_client, api_host_addresses
 from agent.kube.contact_probe import ContactProbe
 from agent.kube.event_sender import KubeEventSink
@@ -42,10 +43,12 @@ from agent.kube.node_report import (
     SOURCES_ANNOTATION,
 )
 from agent.kube.node_reporter import NodeReporter
+from agent.kube.reviews import AccessGate, KubeReviewer
 from agent.node.cluster_state import ClusterState, Dirty, listed
 from agent.node.healthcheck import HealthCheckServers
 from agent.node.loop import Agent, list_fns
 from agent.node.status_document import desired_dict
+from agent.serving_cert import DEFAULT_CERT_OUT, server_context
 from rules.render import RenderError, render, render_cleanup
 
 
@@ -172,11 +175,14 @@ def cmd_agent(args: argparse.Namespace) -> int:
         )
         if runner is not None
     ]
+    address = args.metrics_address or cfg.metrics_address
     health = HealthServer(
-        args.metrics_address or cfg.metrics_address,
+        address,
         alive=loop.is_alive,
         ready=agent.ready.is_set,
         status=agent.status_document,
+        gate=AccessGate(KubeReviewer(api)),
+        tls=metrics_tls(args, address),
     )
 
     stop_on_signals(stop, log)
@@ -251,7 +257,13 @@ def cmd_controller(args: argparse.Namespace) -> int:
     controller = Controller(KubeControllerAPI(api), settings, events=events)
     stop = threading.Event()
     loop = threading.Thread(target=controller.run, args=(stop,), name="controller", daemon=True)
-    health = HealthServer(args.metrics_address, alive=loop.is_alive, ready=controller.ready.is_set)
+    health = HealthServer(
+        args.metrics_address,
+        alive=loop.is_alive,
+        ready=controller.ready.is_set,
+        gate=AccessGate(KubeReviewer(api)),
+        tls=metrics_tls(args, args.metrics_address),
+    )
 
     stop_on_signals(stop, log)
     events.run()
@@ -327,6 +339,31 @@ def cmd_lab(args: argparse.Namespace) -> int:
     return 0
 
 
+def metrics_tls(args: argparse.Namespace, address: str) -> ssl.SSLContext:
+    """Return the metrics endpoint's TLS context: the mounted pair, else a self-signed one
+    whose certificate is published to --metrics-cert-out (agent/serving_cert.py)."""
+    hosts = [h for h, _ in parse_addresses(address) if h not in ("0.0.0.0", "::")]
+    return server_context(
+        cert_file=args.metrics_cert_file,
+        key_file=args.metrics_key_file,
+        publish_to=args.metrics_cert_out,
+        hosts=hosts,
+    )
+
+
+def add_metrics_tls_arguments(p: argparse.ArgumentParser, cert_out: str) -> None:
+    """Add the metrics endpoint's certificate options to `p`."""
+    p.add_argument("--metrics-cert-file", type=Path, default=None, help="serving certificate (PEM)")
+    p.add_argument("--metrics-key-file", type=Path, default=None, help="its private key (PEM)")
+    p.add_argument(
+        "--metrics-cert-out",
+        type=Path,
+        default=Path(cert_out),
+        help="where the self-signed certificate made when none is mounted is written, for "
+        "clients on this host to pin (default: %(default)s)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nodelb", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -335,7 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, default=None)
     p.add_argument("--kubeconfig", type=Path, default=None, help="default: in-cluster")
     p.add_argument("--node-name", default=None, help="default: $NODE_NAME")
-    p.add_argument("--metrics-address", default=None, help="host:port for /metrics, /healthz")
+    p.add_argument(
+        "--metrics-address",
+        default=None,
+        help="host:port[,host:port] for /metrics, /status, /healthz, /readyz (TLS)",
+    )
+    add_metrics_tls_arguments(p, DEFAULT_CERT_OUT)
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-format", choices=("json", "text"), default="json")
     p.set_defaults(func=cmd_agent)
@@ -345,7 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", type=Path, default=None, help="default: in-cluster")
     p.add_argument("--namespace", default="nodelb-system", help="where the Leases live")
     p.add_argument("--identity", default=None, help="default: $POD_NAME, else host-pid")
-    p.add_argument("--metrics-address", default="0.0.0.0:9473")
+    p.add_argument("--metrics-address", default="0.0.0.0:9473,[::]:9473")
+    add_metrics_tls_arguments(p, "/tmp/nodelb-controller-metrics.crt")
     p.add_argument("--lease-duration", type=int, default=15, help="seconds")
     p.add_argument("--renew-deadline", type=float, default=10.0, help="seconds")
     p.add_argument("--retry-period", type=float, default=2.0, help="seconds")

@@ -16,7 +16,7 @@ from agent.model.net import IPNetwork
 from agent.model.pools import PoolError, parse_block
 from agent.model.service_class import DEFAULT_CLASS
 
-DEFAULT_METRICS_ADDRESS = "0.0.0.0:9472"
+DEFAULT_METRICS_ADDRESS = "0.0.0.0:9472,[::]:9472"  # both families, one socket each
 
 
 class ConfigError(ValueError):

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from agent.config import DEFAULT_METRICS_ADDRESS
+from agent.http_server import parse_addresses
 from agent.model.net import IPAddress
 from agent.node.status_document import (
     STATUS_PATH,
@@ -25,19 +30,42 @@ from agent.node.status_document import (
     parse_status,
     to_json,
 )
+from agent.serving_cert import DEFAULT_CERT_OUT, client_context
 
 DEFAULT_TIMEOUT = 5.0
 MAX_DOCUMENT_BYTES = 64 << 20  # 10k frontends are about 1.5 MB; refuse anything absurd
 
 
-def default_url() -> str:
-    """Return the URL of the local agent: loopback on the default metrics port.
+DEFAULT_CONFIG = Path("/etc/nodelb/config.yaml")  # the DaemonSet's ConfigMap mount
+IN_CLUSTER_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
-    The agent runs with hostNetwork and listens on 0.0.0.0 by default, so loopback on the
-    node reaches it.
+
+def url_from_address(address: str) -> str:
+    """Return the https URL of the first of an agent's listen addresses, a wildcard read as
+    loopback (the agent runs with hostNetwork, so loopback on the node reaches it)."""
+    host, port = parse_addresses(address)[0]
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+
+
+def default_url(config: Path | None = DEFAULT_CONFIG) -> str:
+    """Return the local agent's URL from `metricsAddress` in its config file (the default
+    address when the file does not exist or does not set it).
+
+    Raises StatusFetchError when the file exists but cannot be read or the address is bad.
     """
-    port = DEFAULT_METRICS_ADDRESS.rpartition(":")[2]
-    return f"http://127.0.0.1:{port}"
+    address = DEFAULT_METRICS_ADDRESS
+    if config is not None and config.exists():
+        try:
+            raw = yaml.safe_load(config.read_text()) or {}
+            if isinstance(raw, dict) and raw.get("metricsAddress") is not None:
+                address = str(raw["metricsAddress"])
+        except (OSError, yaml.YAMLError) as exc:
+            raise StatusFetchError(f"{config}: cannot read the agent's config: {exc}") from None
+    try:
+        return url_from_address(address)
+    except ValueError as exc:
+        raise StatusFetchError(f"{config}: metricsAddress: {exc}") from None
 
 
 class StatusFetchError(OSError):
@@ -143,36 +171,53 @@ def render_table(status: StatusDocument) -> str:
 def status_url(url: str) -> str:
     """Return the URL to GET: `url` itself when it has a path, else `url` + "/status".
 
-    Only plain http:// is accepted (the agent's metrics server speaks nothing else).
+    Only https:// is accepted (the agent's metrics server speaks nothing else).
     """
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "http" or not parts.netloc:
-        raise StatusFetchError(f"{url}: expected an http://host:port URL")
+    if parts.scheme != "https" or not parts.netloc:
+        raise StatusFetchError(f"{url}: expected an https://host:port URL")
     if parts.path in ("", "/"):
         parts = parts._replace(path=STATUS_PATH)
     return urllib.parse.urlunsplit(parts)
 
 
-# The agent is on this node or in the cluster: an http_proxy from the environment would send
-# the request somewhere else, so proxies are switched off.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+UNAUTHORIZED_HINT = (
+    "pass --token or --token-file with a token allowed to get /status (the ClusterRole "
+    "nodelb-metrics-reader)"
+)
 
 
-def fetch(url: str, timeout: float = DEFAULT_TIMEOUT) -> Any:
+def fetch(
+    url: str,
+    timeout: float = DEFAULT_TIMEOUT,
+    *,
+    token: str | None = None,
+    context: ssl.SSLContext | None = None,
+) -> Any:
     """Return the decoded JSON document served at `status_url(url)`.
 
+    `token` goes as `Authorization: Bearer`; `context` verifies the agent's certificate.
     Raises StatusFetchError (naming the URL) when the agent cannot be reached, answers with a
     status other than 200, sends more than MAX_DOCUMENT_BYTES, or sends something not JSON.
     The document's shape is not checked here (parse_status does that).
     """
     target = status_url(url)
-    request = urllib.request.Request(target, headers={"Accept": "application/json"})
+    headers = {"Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(target, headers=headers)
+    # The agent is on this node or in the cluster: an https_proxy from the environment would
+    # send the request somewhere else, so proxies are switched off.
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+    )
     try:
-        with _OPENER.open(request, timeout=timeout) as response:
+        with opener.open(request, timeout=timeout) as response:
             body = response.read(MAX_DOCUMENT_BYTES + 1)
     except urllib.error.HTTPError as exc:
+        hint = f": {UNAUTHORIZED_HINT}" if exc.code in (401, 403) else ""
         raise StatusFetchError(
-            f"{target}: the agent answered HTTP {exc.code} {exc.reason}"
+            f"{target}: the agent answered HTTP {exc.code} {exc.reason}{hint}"
         ) from None
     except urllib.error.URLError as exc:
         raise StatusFetchError(f"{target}: cannot reach the agent: {exc.reason}") from None
@@ -186,13 +231,68 @@ def fetch(url: str, timeout: float = DEFAULT_TIMEOUT) -> Any:
         raise StatusFetchError(f"{target}: the answer is not JSON ({exc})") from None
 
 
+def read_token(args: argparse.Namespace) -> str | None:
+    """Return the bearer token: --token, else --token-file, else the in-cluster token when
+    running in a Pod (None: there is none, and the agent will answer 401)."""
+    if args.token:
+        return str(args.token)
+    path = args.token_file or (IN_CLUSTER_TOKEN if IN_CLUSTER_TOKEN.exists() else None)
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError as exc:
+        raise StatusFetchError(f"{path}: cannot read the token: {exc}") from None
+
+
+def tls_context(args: argparse.Namespace) -> ssl.SSLContext:
+    """Return how the agent's certificate is verified: --cacert (a CA bundle, host name
+    checked), else the certificate the agent published on this host (pinned), else nothing
+    with --insecure-skip-tls-verify, else the system's CAs."""
+    if args.insecure_skip_tls_verify:
+        return client_context(ca_file=None, insecure=True)
+    if args.cacert is not None:
+        return client_context(ca_file=args.cacert)
+    if args.agent_cert.exists():
+        return client_context(ca_file=args.agent_cert, pinned=True)
+    return client_context(ca_file=None)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add `nodelb status`'s options to `parser`."""
     parser.add_argument(
         "--url",
-        default=default_url(),
-        help="the agent's metrics/health address (default: %(default)s); /status is appended "
-        "when the URL has no path",
+        default=None,
+        help="the agent's https://host:port (default: from metricsAddress in --config); "
+        "/status is appended when the URL has no path",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=DEFAULT_CONFIG,
+        help="the agent's config file, for its address (default: %(default)s)",
+    )
+    parser.add_argument("--token", default=None, help="a bearer token allowed to get /status")
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        help=f"a file holding the token (default: {IN_CLUSTER_TOKEN}, when it exists)",
+    )
+    parser.add_argument(
+        "--cacert", type=Path, default=None, help="CA bundle the agent's certificate chains to"
+    )
+    parser.add_argument(
+        "--agent-cert",
+        type=Path,
+        default=Path(DEFAULT_CERT_OUT),
+        help="the self-signed certificate the agent published, pinned when it exists "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--insecure-skip-tls-verify",
+        action="store_true",
+        help="do not verify the agent's certificate",
     )
     parser.add_argument("--json", action="store_true", help="print the document as JSON")
     parser.add_argument(
@@ -202,14 +302,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Fetch, check and print the status; return 0, or 1 with a message on stderr."""
+    url = args.url
     try:
-        status = parse_status(fetch(args.url, args.timeout))
+        url = url or default_url(args.config)
+        raw = fetch(url, args.timeout, token=read_token(args), context=tls_context(args))
+        status = parse_status(raw)
     except StatusFetchError as exc:
         print(f"nodelb status: {exc}", file=sys.stderr)
         return 1
     except StatusFormatError as exc:
         print(
-            f"nodelb status: {status_url(args.url)}: malformed status document: {exc}",
+            f"nodelb status: {status_url(url)}: malformed status document: {exc}",
             file=sys.stderr,
         )
         return 1
@@ -218,7 +321,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """Run `nodelb status [--url URL] [--json] [--timeout S]`; return the exit code."""
+    """Run `nodelb status [options]` (see add_arguments); return the exit code."""
     parser = argparse.ArgumentParser(
         prog="nodelb status", description="Show what the agent on a node is doing."
     )

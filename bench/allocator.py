@@ -46,7 +46,6 @@ from agent.kube.lists import ListFn, list_all
 from agent.model.pools import Forbidden, parse_pools
 from bench.e2e_latency import EXTRA_SERVICE_CIDR
 from bench.measure import proc_mem_mb
-from lab import nsclient
 from lab.controllers import ControllerSet
 from lab.controlplane import ControlPlane
 from lab.topology import Lab, LabSpec
@@ -79,13 +78,11 @@ def apiserver_requests(api: kclient.ApiClient, cp: ControlPlane) -> float:
 
 def writes_ok(cs: ControllerSet, name: str) -> float:
     """Return the replica's successful status writes (0 while it is not answering yet)."""
-    assert cs.lab.controlplane is not None
     try:
-        with nsclient.pool_manager(cs.lab.controlplane.ns) as pm:
-            text = pm.request("GET", cs.metrics_url(name), timeout=2.0, retries=False).data
+        code, text = cs.scrape(name)
     except Exception:
         return 0.0
-    found = _WRITES_OK.findall(text.decode())
+    found = _WRITES_OK.findall(text) if code == 200 else []
     return float(found[0]) if found else 0.0
 
 

@@ -36,7 +36,7 @@ from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
 from agent.model.net import IPAddress
-from lab import binaries, netns, nsclient
+from lab import binaries, netns, readers
 from lab.controlplane import ControlPlane, tail
 from lab.lifecycle import UpDown
 from lab.topology import (
@@ -472,8 +472,13 @@ class ClusterLab(UpDown):
             f"--node-name={node.name}",
             f"--config={self.agent_config_path}",
             f"--metrics-address={node.ip4}:{AGENT_METRICS_PORT}",
+            f"--metrics-cert-out={self.agent_cert(node.name)}",
             "--log-format=text",
         ]
+
+    def agent_cert(self, node_name: str) -> Path:
+        """Return where the agent of `node_name` publishes its self-signed certificate."""
+        return self.workdir / f"agent-{node_name}-metrics.crt"
 
     def _spawn_agent(self, node: LabNode) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
@@ -486,16 +491,20 @@ class ClusterLab(UpDown):
 
     def agent_url(self, node: LabNode, path: str = "/readyz") -> str:
         """Return the URL of an agent's health/metrics endpoint (dialled inside `node.ns`)."""
-        return f"http://{node.ip4}:{AGENT_METRICS_PORT}{path}"
+        return f"https://{node.ip4}:{AGENT_METRICS_PORT}{path}"
 
     def agent_get(self, node_name: str, path: str) -> tuple[int, str]:
-        """Return (status, body) of a GET on an agent's HTTP endpoint, from inside its node."""
+        """Return (status, body) of a GET on an agent's HTTPS endpoint, from inside its node,
+        as a scraper does: the lab reader's token (lab/readers.py), the agent's published
+        certificate verified."""
+        return self.agent_get_as(node_name, path, readers.reader_token(self.controlplane))
+
+    def agent_get_as(self, node_name: str, path: str, token: str | None) -> tuple[int, str]:
+        """Return (status, body) of a GET on an agent's endpoint with `token` (None: none)."""
         node = self.lab.node(node_name)
-        with nsclient.pool_manager(node.ns) as pm:
-            resp = pm.request(
-                "GET", self.agent_url(node, path), timeout=2.0, retries=False, preload_content=True
-            )
-            return resp.status, resp.data.decode(errors="replace")
+        return readers.get(
+            node.ns, self.agent_url(node, path), cert=self.agent_cert(node_name), token=token
+        )
 
     def _wait_agent_ready(self, node: LabNode) -> None:
         proc = self._agents[node.name]

@@ -20,7 +20,7 @@ from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
 from agent.controller.loop import LEASE_NAME
-from lab import netns
+from lab import netns, readers
 from lab.controlplane import ControlPlane
 from lab.topology import Lab
 
@@ -81,6 +81,7 @@ class ControllerSet:
             f"--namespace={NAMESPACE}",
             f"--identity={name}",
             f"--metrics-address=127.0.0.1:{port}",
+            f"--metrics-cert-out={self.cert(name)}",
             "--log-format=text",
             *self.election,
             *extra,
@@ -97,7 +98,23 @@ class ControllerSet:
 
     def metrics_url(self, name: str) -> str:
         """Return the /metrics URL of replica `name` (dialled inside the control-plane ns)."""
-        return f"http://127.0.0.1:{self._ports[name]}/metrics"
+        return f"https://127.0.0.1:{self._ports[name]}/metrics"
+
+    def cert(self, name: str) -> Path:
+        """Return where replica `name` publishes its self-signed certificate."""
+        return self.workdir / f"controller-{name}-metrics.crt"
+
+    def scrape(self, name: str, *, timeout: float = 2.0) -> tuple[int, str]:
+        """Return (status, body) of replica `name`'s /metrics, read as a scraper does: the lab
+        reader's token, the replica's published certificate verified (lab/readers.py)."""
+        assert self.lab.controlplane is not None
+        return readers.get(
+            self.lab.controlplane.ns,
+            self.metrics_url(name),
+            cert=self.cert(name),
+            token=readers.reader_token(self.controlplane),
+            timeout=timeout,
+        )
 
     def kill(self, name: str) -> None:
         """SIGKILL replica `name` (a crash: the Lease is not released)."""

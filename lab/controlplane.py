@@ -172,12 +172,42 @@ class ControlPlane:
         return api
 
     def serviceaccount_kubeconfig(
-        self, namespace: str, name: str, *, expiration_seconds: int = 86400
+        self,
+        namespace: str,
+        name: str,
+        *,
+        expiration_seconds: int = 86400,
+        pod: str | None = None,
     ) -> Path:
         """Return a kubeconfig authenticating as ServiceAccount `namespace`/`name` by token.
 
-        Creates the namespace and the ServiceAccount when missing, and requests a token
-        through the TokenRequest API. The SA has only the RBAC granted to it elsewhere.
+        The token is `serviceaccount_token`'s (bound to `pod` when given); the file is named
+        after the ServiceAccount and the Pod.
+        """
+        token = self.serviceaccount_token(
+            namespace, name, expiration_seconds=expiration_seconds, pod=pod
+        )
+        suffix = f"-{pod}" if pod else ""
+        path = self.workdir / f"sa-{namespace}-{name}{suffix}.kubeconfig"
+        self._write_kubeconfig(path, f"{namespace}-{name}{suffix}", {"token": token})
+        return path
+
+    def serviceaccount_token(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        expiration_seconds: int = 86400,
+        pod: str | None = None,
+        audiences: Sequence[str] = (SA_ISSUER,),
+    ) -> str:
+        """Return a token for ServiceAccount `namespace`/`name` from the TokenRequest API.
+
+        Creates the namespace and the ServiceAccount when missing. With `pod` (an existing
+        Pod of that namespace running as that ServiceAccount) the token is bound to the Pod,
+        as the kubelet's projected tokens are: it names the Pod's node in the user's extra
+        `authentication.kubernetes.io/node-name` and dies with the Pod. The SA has only the
+        RBAC granted to it elsewhere.
         """
         core = kclient.CoreV1Api(self.api_client())
         _create_if_missing(
@@ -190,17 +220,22 @@ class ControlPlane:
                 namespace, kclient.V1ServiceAccount(metadata=kclient.V1ObjectMeta(name=name))
             )
         )
+        bound = None
+        if pod is not None:
+            found = core.read_namespaced_pod(pod, namespace)
+            uid = found.metadata.uid if found.metadata else None
+            bound = kclient.V1BoundObjectReference(api_version="v1", kind="Pod", name=pod, uid=uid)
         request = kclient.AuthenticationV1TokenRequest(
             spec=kclient.V1TokenRequestSpec(
-                audiences=[SA_ISSUER], expiration_seconds=expiration_seconds
+                audiences=list(audiences),
+                expiration_seconds=expiration_seconds,
+                bound_object_ref=bound,
             )
         )
         status = core.create_namespaced_service_account_token(name, namespace, request).status
         if status is None or not status.token:
             raise ControlPlaneError(f"TokenRequest for {namespace}/{name} returned no token")
-        path = self.workdir / f"sa-{namespace}-{name}.kubeconfig"
-        self._write_kubeconfig(path, f"{namespace}-{name}", {"token": status.token})
-        return path
+        return str(status.token)
 
     def log_tails(self, lines: int = 50) -> str:
         """Return the last `lines` lines of each log, each under a header naming the file."""

@@ -58,6 +58,7 @@ class Watched:
     namespaces: ListFn
     reports: ListFn  # node report Leases, in the controller's namespace
     slices: ListFn  # EndpointSlices: what the Services' addresses can serve
+    nodes: ListFn  # which nodes exist (a report speaks only for one), and their labels
 
 
 class LeaseAPI(Protocol):
@@ -220,4 +221,5 @@ class KubeControllerAPI:
                 ),
             ),
             slices=cast(ListFn, self._discovery.list_endpoint_slice_for_all_namespaces),
+            nodes=cast(ListFn, self._core.list_node),
         )

@@ -65,6 +65,9 @@ from agent.controller.reconcile import (
     BatchEnd,
     Labels,
     Reconcile,
+    RefusedReport,
+    ReportRefusal,
+    ReportRules,
     RetryTimers,
     StatusWrite,
     adopt,
@@ -103,6 +106,12 @@ class ControllerSettings:
     conflict_retry: float = 1.0
     error_retry: float = 5.0
     write_concurrency: int = 4  # status patches in flight (one per Service at most)
+
+
+def node_labels(obj: Mapping[str, Any]) -> Labels:
+    """Return a Node's labels, sorted (what announce.nodeSelector matches)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
 
 
 def namespace_labels(obj: Mapping[str, Any]) -> Labels:
@@ -160,6 +169,8 @@ class Controller:
         self.reports: Store[NodeReport] = Store(parse_report)
         self.slices: Store[SliceSummary] = Store(summarize_slice)
         self._slices_of: dict[str, dict[str, SliceSummary]] = {}  # by Service key, under _cond
+        self.nodes: Store[Labels] = Store(node_labels)
+        self._refused_reports: frozenset[RefusedReport] = frozenset()
         self.ready = threading.Event()
         self.elector = LeaderElector(
             api,
@@ -196,6 +207,12 @@ class Controller:
                 store=self.slices,
                 on_changes=self.on_slices,
             ),
+            Reflector(
+                name="nodes",
+                list_fn=watched.nodes,
+                store=self.nodes,
+                on_changes=self.on_reports,  # a report speaks only for a Node that exists
+            ),
         ]
 
     # -- wiring ----------------------------------------------------------------------------
@@ -215,8 +232,8 @@ class Controller:
         names = {c.key for c in changes}
         self._mark(k for k in self.services.items() if k.split("/", 1)[0] in names)
 
-    def on_reports(self, changes: list[Change[NodeReport]]) -> None:
-        """Note that the node reports changed (reflector thread)."""
+    def on_reports(self, changes: list[Change[Any]]) -> None:
+        """Note that the node reports, or the Nodes they speak for, changed (reflector thread)."""
         with self._cond:
             self._reports_changed = True
             self._cond.notify()
@@ -508,17 +525,34 @@ class Controller:
 
     def _update_serving(self) -> frozenset[str]:
         """Recompute the served IPs; return the Services whose Serving may have changed."""
-        assert self._allocator is not None
+        assert self._allocator is not None and self._config is not None
+        announce = self._config.agent.announce
+        rules = ReportRules(
+            nodes=self.nodes.items(),
+            selector=announce.ownership.selector,
+            max_duration=announce.report_lease_seconds,
+        )
         update = update_serving(
             self.reports.items().values(),
             serving=self._serving,
             holders_of=self._allocator.holders_of,
+            rules=rules,
             now=self._clock.monotonic(),
             wall=self._clock.wall(),
         )
         self._serving = update.serving
         self._report_check_at = update.next_check
+        self._note_refused_reports(frozenset(update.refused))
         return update.services
+
+    def _note_refused_reports(self, refused: frozenset[RefusedReport]) -> None:
+        """Log each newly refused report once and export how many are refused, by reason."""
+        for r in sorted(refused - self._refused_reports, key=lambda r: (r.node, r.reason)):
+            log.warning("node report of %r not believed (%s): %s", r.node, r.reason, r.detail)
+        self._refused_reports = refused
+        for reason in ReportRefusal:
+            count = sum(1 for r in refused if r.reason is reason)
+            metrics.REPORTS_REFUSED.labels(reason.value).set(count)
 
     def _export_pool_metrics(self, now: float) -> None:
         """Set the pool and unheld-IP gauges, at most once a second: they walk every held

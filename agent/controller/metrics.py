@@ -43,6 +43,11 @@ UNHELD_IPS = Gauge(
     "nodelb_service_ips_unheld",
     "Allocated addresses that no live node reports holding with the Service's rules in place",
 )
+REPORTS_REFUSED = Gauge(
+    "nodelb_controller_node_reports_refused",
+    "Node reports (or parts of them) the controller does not believe now, by reason",
+    ["reason"],
+)
 CONFIG_RELOADS = Counter(
     "nodelb_config_reloads_total", "Configuration (re)loads, by result (ok, error)", ["result"]
 )

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from agent.announce.ownership import NodeSelector
 from agent.controller.allocator import (
     AllocationReason,
     AllocationResult,
@@ -325,13 +326,95 @@ class RetryTimers:
 # -- serving -------------------------------------------------------------------------------
 
 
+class ReportRefusal(enum.StrEnum):
+    """Why the controller did not take (all of) a node report at its word."""
+
+    MALFORMED = "Malformed"  # unparseable, or its name and holderIdentity disagree
+    UNKNOWN_NODE = "UnknownNode"  # no Node of that name exists
+    NOT_SELECTED = "NodeNotSelected"  # the Node is outside announce.nodeSelector
+    RENEWED_IN_FUTURE = "RenewedInTheFuture"  # renewTime later than now + REPORT_CLOCK_SKEW
+    UNALLOCATED_IP = "UnallocatedIP"  # it lists an address the controller did not allocate
+
+
+REPORT_CLOCK_SKEW = 30.0  # s a node's clock may run ahead of the controller's
+
+
+@dataclass(frozen=True, slots=True)
+class ReportRules:
+    """What a node may claim in its report: see `admit_report`.
+
+    `nodes` maps every existing Node to its labels; `selector` is announce.nodeSelector (None:
+    every node announces); `max_duration` is the agents' announce.reportLeaseSeconds.
+    """
+
+    nodes: Mapping[str, Labels]
+    selector: NodeSelector | None
+    max_duration: int
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedReport:
+    """One report (or part of one) not believed, and why."""
+
+    node: str
+    reason: ReportRefusal
+    detail: str
+
+
+def admit_report(
+    report: NodeReport,
+    *,
+    rules: ReportRules,
+    allocated: Callable[[IPAddress], bool],
+    wall: datetime.datetime,
+) -> tuple[NodeReport | None, RefusedReport | None]:
+    """Return the part of `report` the controller believes (None: none of it), and why not all.
+
+    A report speaks only for an existing Node that may announce (the selector), only about
+    addresses the controller allocated, and for no longer than the agents are configured to
+    report for: `expires` is capped at renewTime + `max_duration`, and a renewTime further
+    ahead than REPORT_CLOCK_SKEW is refused, so a compromised node cannot keep an address
+    Serving long after it stopped. What a node cannot be checked for here (whether it really
+    holds the address, has a local endpoint) is the agents' election, not the controller's.
+    """
+
+    def refuse(reason: ReportRefusal, detail: str) -> tuple[None, RefusedReport]:
+        return None, RefusedReport(report.node, reason, detail)
+
+    if report.problem is not None:
+        return refuse(ReportRefusal.MALFORMED, report.problem)
+    labels = rules.nodes.get(report.node)
+    if labels is None:
+        return refuse(ReportRefusal.UNKNOWN_NODE, f"no Node {report.node!r} exists")
+    if rules.selector is not None and not rules.selector.matches(dict(labels)):
+        return refuse(ReportRefusal.NOT_SELECTED, f"Node {report.node!r} does not announce")
+    renewed = report.renewed
+    if renewed is not None and renewed > wall + datetime.timedelta(seconds=REPORT_CLOCK_SKEW):
+        return refuse(ReportRefusal.RENEWED_IN_FUTURE, f"renewTime {renewed.isoformat()}")
+    expires = report.expires
+    if renewed is not None and report.duration > rules.max_duration:
+        expires = renewed + datetime.timedelta(seconds=rules.max_duration)
+    ips = frozenset(ip for ip in report.ips if allocated(ip))
+    admitted = replace(report, ips=ips, expires=expires)
+    if ips != report.ips:
+        stray = ", ".join(sorted(map(str, report.ips - ips)))
+        return admitted, RefusedReport(
+            report.node, ReportRefusal.UNALLOCATED_IP, f"not allocated: {stray}"
+        )
+    return admitted, None
+
+
 @dataclass(frozen=True, slots=True)
 class ServingUpdate:
-    """The addresses served now, the Services that changes, and when to look again."""
+    """The addresses served now, the Services that changes, and when to look again.
+
+    `refused` lists the reports (or the parts of them) that were not believed.
+    """
 
     serving: frozenset[IPAddress]
     services: frozenset[str]  # whose LoadBalancerServing may have changed
     next_check: float | None  # monotonic: when the next report expires (None: none will)
+    refused: tuple[RefusedReport, ...] = ()
 
 
 def update_serving(
@@ -339,22 +422,33 @@ def update_serving(
     *,
     serving: frozenset[IPAddress],
     holders_of: Callable[[IPAddress], Iterable[str]],
+    rules: ReportRules,
     now: float,
     wall: datetime.datetime,
 ) -> ServingUpdate:
     """Return the served addresses from the node reports, and what follows from the change.
 
-    `serving` is what was served before; only Services holding an address that started or
-    stopped being served are re-evaluated. A report that is not renewed expires on its own,
-    with no watch event to say so: `next_check` is when the first live one expires (on the
-    monotonic clock, plus REPORT_SLACK), and the loop recomputes then.
+    Each report counts only for what `admit_report` believes of it. `serving` is what was
+    served before; only Services holding an address that started or stopped being served
+    are re-evaluated. A report that is not renewed expires on its own, with no watch event
+    to say so: `next_check` is when the first live one expires (on the monotonic clock, plus
+    REPORT_SLACK), and the loop recomputes then.
     """
-    listed = list(reports)
+    listed: list[NodeReport] = []
+    refused: list[RefusedReport] = []
+    for report in reports:
+        admitted, refusal = admit_report(
+            report, rules=rules, allocated=lambda ip: any(holders_of(ip)), wall=wall
+        )
+        if admitted is not None:
+            listed.append(admitted)
+        if refusal is not None:
+            refused.append(refusal)
     fresh = serving_ips(listed, wall)
     expiry = next_expiry(listed, wall)
     check = None if expiry is None else now + (expiry - wall).total_seconds() + REPORT_SLACK
     services = frozenset(k for ip in fresh ^ serving for k in holders_of(ip))
-    return ServingUpdate(fresh, services, check)
+    return ServingUpdate(fresh, services, check, tuple(refused))
 
 
 # -- metrics -------------------------------------------------------------------------------

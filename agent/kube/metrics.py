@@ -32,3 +32,10 @@ API_CUT_OFF = Gauge(
     "nodelb_api_cut_off",
     "1 while the agent is cut off from the API server (its probes get no answer), else 0.",
 )
+
+HTTP_AUTH = Counter(
+    "nodelb_http_auth_total",
+    "Requests for /metrics and /status by the bearer-token gate's verdict (Allowed, NoToken, "
+    "Unauthenticated, Forbidden, ReviewFailed).",
+    ["verdict"],
+)

@@ -47,6 +47,8 @@ class NodeReport:
     ips: frozenset[IPAddress]
     expires: datetime.datetime | None
     problem: str | None = None
+    renewed: datetime.datetime | None = None
+    duration: int = 0
 
 
 def lease_name(node: str) -> str:
@@ -61,18 +63,43 @@ def report_node(obj: Mapping[str, Any]) -> str:
     return str(holder or str(meta.get("name", "")).removeprefix(NAME_PREFIX))
 
 
+def identity_problem(obj: Mapping[str, Any]) -> str | None:
+    """Return why a report Lease's name and holder disagree (None: it is `nodelb-node-<holder>`).
+
+    The admission policy (deploy/node-report-policy.yaml) makes an agent's writes agree with
+    the node its token is bound to; this is the readers' half, for clusters without it: a
+    Lease that names one node and holds for another speaks for nobody.
+    """
+    meta = obj.get("metadata") or {}
+    holder = (obj.get("spec") or {}).get("holderIdentity")
+    name = str(meta.get("name", ""))
+    if not isinstance(holder, str) or not holder:
+        return f"Lease {name!r} has no holderIdentity"
+    if name != lease_name(holder):
+        return f"Lease {name!r} is held by {holder!r}: its name must be {lease_name(holder)!r}"
+    return None
+
+
 def parse_report(obj: Mapping[str, Any]) -> NodeReport:
-    """Return the report carried by a raw Lease object (never raises)."""
+    """Return the report carried by a raw Lease object (never raises).
+
+    A report whose name and holder disagree, whose renewTime is not a time or whose
+    serving-ips list something that is not an address carries no IPs and says why.
+    """
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     node = report_node(obj)
-    expires = None
+    if (mismatch := identity_problem(obj)) is not None:
+        return NodeReport(node, frozenset(), None, mismatch)
+    expires = at = None
     renewed = spec.get("renewTime")
+    raw_duration = spec.get("leaseDurationSeconds") or 0
+    duration = raw_duration if isinstance(raw_duration, int) else 0
     try:
         if renewed:
             at = datetime.datetime.fromisoformat(str(renewed).replace("Z", "+00:00"))
-            expires = at + datetime.timedelta(seconds=int(spec.get("leaseDurationSeconds") or 0))
-    except ValueError:
+            expires = at + datetime.timedelta(seconds=duration)
+    except (ValueError, OverflowError):
         return NodeReport(node, frozenset(), None, f"renewTime {renewed!r} is not a time")
     text = str((meta.get("annotations") or {}).get(SERVING_ANNOTATION) or "")
     ips: set[IPAddress] = set()
@@ -81,7 +108,7 @@ def parse_report(obj: Mapping[str, Any]) -> NodeReport:
             ips.add(ipaddress.ip_address(part))
         except ValueError:
             return NodeReport(node, frozenset(), expires, f"{part!r} is not an IP address")
-    return NodeReport(node, frozenset(ips), expires)
+    return NodeReport(node, frozenset(ips), expires, renewed=at, duration=duration)
 
 
 def serving_ips(reports: Iterable[NodeReport], now: datetime.datetime) -> frozenset[IPAddress]:
@@ -199,11 +226,11 @@ def report_sources(obj: Mapping[str, Any]) -> PeerReport:
     meta = obj.get("metadata") or {}
     name = str(meta.get("name", ""))
     node = name.removeprefix(NAME_PREFIX)
-    holder = (obj.get("spec") or {}).get("holderIdentity")
     if not name.startswith(NAME_PREFIX) or not node:
         return PeerReport(node, problem=f"Lease {name!r} is not named {NAME_PREFIX}<node>")
-    if holder and str(holder) != node:
-        return PeerReport(node, problem=f"Lease {name!r} claims to be node {holder!r}")
+    problem = identity_problem(obj)
+    if problem is not None:
+        return PeerReport(node, problem=problem)
     annotations = meta.get("annotations") or {}
     text = str(annotations.get(SOURCES_ANNOTATION) or "")
     first4 = next((a for a in parse_sources(text) if a.version == 4), None)

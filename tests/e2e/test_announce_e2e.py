@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.announce.ownership import rank_nodes
 from agent.model.net import IPAddress
-from lab import client, netns, nsclient
+from lab import client, netns
 from lab.cluster import LAB_ANNOUNCE, ClusterLab, frontend_keys, tcp_port
 from lab.controllers import NAMESPACE, ControllerSet
 from lab.requestloop import RequestLoop, failed, outage
@@ -271,9 +271,8 @@ def test_serving_turns_true_once_a_node_holds_the_allocated_ip(
         wait_until(functools.partial(served, cluster, ip), CONVERGE, f"{ip} served")
         wait_until(functools.partial(settled, cluster, ip), CONVERGE, f"{ip} settled")
         assert served(cluster, ip)
-        assert cluster.lab.controlplane is not None
-        with nsclient.pool_manager(cluster.lab.controlplane.ns) as pm:
-            page = pm.request("GET", cs.metrics_url("ctl"), timeout=2.0).data.decode()
+        code, page = cs.scrape("ctl")
+        assert code == 200, page
         assert metric(page, "nodelb_allocations_total", pool="lab") >= 1
         assert metric(page, "nodelb_controller_leader") == 1
         assert metric(page, "nodelb_pool_addresses_in_use", pool="lab") >= 1

@@ -222,7 +222,7 @@ class FakeClient:
         return result == "ok"
 
     def watched(self, *, report_namespace: str) -> Watched:
-        return Watched(_no_watch, _no_watch, _no_watch, _no_watch)
+        return Watched(_no_watch, _no_watch, _no_watch, _no_watch, _no_watch)
 
 
 def _no_watch(**kwargs: Any) -> Any:

@@ -101,9 +101,10 @@ def allocate_and_report(a: Replica, server: FakeServer, key: str, *, duration: i
         now=a.clock.wall(),
         duration=duration,
     )
+    node = a.ctl.nodes.apply(EventType.ADDED, {"metadata": {"name": "n1"}})
     change = a.ctl.reports.apply(EventType.ADDED, lease)
-    assert change is not None
-    a.ctl.on_reports([change])
+    assert change is not None and node is not None
+    a.ctl.on_reports([node, change])
 
 
 def test_a_leader_allocates_in_creation_order_and_announces_each_address_after_its_write(
@@ -254,6 +255,44 @@ def test_a_node_report_that_expires_turns_serving_off_without_any_watch_event(
     a.ctl.step()
     a.writer.run_all()
     assert _serving(server, key) == "False/Provisioning"
+
+
+def test_a_report_counts_only_once_its_node_exists_and_refusals_are_counted(
+    tmp_path: Path,
+) -> None:
+    server = FakeServer()
+    key = server.create_service("web")
+    a = leading(server, tmp_path)
+    a.ctl.step()
+    a.writer.run_all()
+    a.sync(server)
+    a.ctl.step()
+    ip = ipaddress.ip_address(server.ips(key)[0])
+    lease = report_body(
+        node="n9", namespace="nodelb-system", ips=[ip], now=a.clock.wall(), duration=30
+    )
+    change = a.ctl.reports.apply(EventType.ADDED, lease)
+    assert change is not None
+    a.ctl.on_reports([change])
+    a.ctl.step()
+    a.writer.run_all()
+    assert _serving(server, key) == "False/Provisioning"  # no Node n9: a forged report
+    refused = REGISTRY.get_sample_value(
+        "nodelb_controller_node_reports_refused", {"reason": "UnknownNode"}
+    )
+    assert refused == 1.0
+    node = a.ctl.nodes.apply(EventType.ADDED, {"metadata": {"name": "n9"}})
+    assert node is not None
+    a.ctl.on_reports([node])
+    a.ctl.step()
+    a.writer.run_all()
+    assert _serving(server, key) == "True/Serving"
+    assert (
+        REGISTRY.get_sample_value(
+            "nodelb_controller_node_reports_refused", {"reason": "UnknownNode"}
+        )
+        == 0.0
+    )
 
 
 def test_a_pool_reload_keeps_the_reuse_order_of_the_addresses_freed_before_it(

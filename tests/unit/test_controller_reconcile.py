@@ -17,12 +17,15 @@ from typing import Any
 
 import pytest
 
+from agent.announce.ownership import NodeSelector
 from agent.controller.allocator import AllocationReason, Allocator
 from agent.controller.exhaustion import ExhaustionLimiter
 from agent.controller.reconcile import (
     REPORT_SLACK,
     BatchEnd,
     Reconcile,
+    ReportRefusal,
+    ReportRules,
     RetryTimers,
     Step,
     adopt,
@@ -466,20 +469,153 @@ SERVING_CASES = [
 ]
 
 
+RULES = ReportRules(nodes={"n1": (), "n2": (("role", "edge"),)}, selector=None, max_duration=30)
+
+
 @pytest.mark.parametrize("case", SERVING_CASES)
 def test_update_serving(case: ServingCase) -> None:
     update = update_serving(
         case.reports,
         serving=case.before,
         holders_of=lambda a: HOLDERS.get(a, ()),
+        rules=RULES,
         now=NOW,
         wall=WALL,
     )
-    assert (update.serving, update.services, update.next_check) == (
+    assert (update.serving, update.services, update.next_check, update.refused) == (
         case.serving,
         case.services,
         case.next_check,
+        (),
     )
+
+
+def lease(node: str, ips: tuple[str, ...], **changes: Any) -> dict[str, Any]:
+    """Return the raw report Lease of `node`, with `changes` merged into its metadata/spec."""
+    body = report_body(node=node, namespace="ns", ips=[ip(i) for i in ips], now=WALL, duration=30)
+    for part in ("metadata", "spec"):
+        body[part].update(changes.get(part, {}))
+    return body
+
+
+EDGE_ONLY = ReportRules(
+    nodes=RULES.nodes,
+    selector=NodeSelector(match_labels=frozenset({("role", "edge")})),
+    max_duration=30,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitCase:
+    """A report as a compromised or confused node writes it, and what the controller keeps."""
+
+    body: dict[str, Any]
+    serving: frozenset[IPAddress]  # what update_serving serves from it alone
+    reason: ReportRefusal | None
+    rules: ReportRules = RULES
+    next_check: float | None = None
+
+
+ONE = frozenset({ip("198.19.0.1")})
+ADMIT_CASES = [
+    pytest.param(
+        AdmitCase(lease("n1", ("198.19.0.1",)), ONE, None, next_check=NOW + 30 + REPORT_SLACK),
+        id="a node's own report of an allocated address is believed",
+    ),
+    pytest.param(
+        AdmitCase(
+            lease("n1", ("198.19.0.1",), spec={"holderIdentity": "n2"}),
+            frozenset(),
+            ReportRefusal.MALFORMED,
+        ),
+        id="a Lease named for one node but held by another speaks for nobody",
+    ),
+    pytest.param(
+        AdmitCase(
+            lease("n1", ("198.19.0.1",), spec={"holderIdentity": None}),
+            frozenset(),
+            ReportRefusal.MALFORMED,
+        ),
+        id="a Lease without a holder speaks for nobody",
+    ),
+    pytest.param(
+        AdmitCase(lease("ghost", ("198.19.0.1",)), frozenset(), ReportRefusal.UNKNOWN_NODE),
+        id="a report for a node that does not exist is refused",
+    ),
+    pytest.param(
+        AdmitCase(
+            lease("n1", ("198.19.0.1",)), frozenset(), ReportRefusal.NOT_SELECTED, rules=EDGE_ONLY
+        ),
+        id="a node outside announce.nodeSelector cannot serve",
+    ),
+    pytest.param(
+        AdmitCase(
+            lease("n2", ("198.19.0.1",)),
+            ONE,
+            None,
+            rules=EDGE_ONLY,
+            next_check=NOW + 30 + REPORT_SLACK,
+        ),
+        id="a node inside announce.nodeSelector serves",
+    ),
+    pytest.param(
+        AdmitCase(
+            lease("n1", ("198.19.0.1", "198.19.9.9")),
+            ONE,
+            ReportRefusal.UNALLOCATED_IP,
+            next_check=NOW + 30 + REPORT_SLACK,
+        ),
+        id="an address the controller did not allocate is dropped, the rest believed",
+    ),
+    pytest.param(
+        AdmitCase(
+            lease("n1", ("198.19.0.1",), spec={"renewTime": "2026-12-01T13:00:00Z"}),
+            frozenset(),
+            ReportRefusal.RENEWED_IN_FUTURE,
+        ),
+        id="a renewTime an hour ahead is refused: it would serve long after the node died",
+    ),
+    pytest.param(
+        AdmitCase(
+            lease("n1", ("198.19.0.1",), spec={"renewTime": "2026-12-01T12:00:20Z"}),
+            ONE,
+            None,
+            next_check=NOW + 50 + REPORT_SLACK,
+        ),
+        id="a renewTime within the clock skew is believed",
+    ),
+    pytest.param(
+        AdmitCase(
+            lease("n1", ("198.19.0.1",), spec={"leaseDurationSeconds": 86400}),
+            ONE,
+            None,
+            next_check=NOW + 30 + REPORT_SLACK,
+        ),
+        id="a day-long lease counts only for reportLeaseSeconds",
+    ),
+    pytest.param(
+        AdmitCase(
+            lease("n1", ("198.19.0.1",), spec={"leaseDurationSeconds": "30"}), frozenset(), None
+        ),
+        id="a duration that is not a number makes the report expire at once",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ADMIT_CASES)
+def test_update_serving_believes_only_what_the_node_may_claim(case: AdmitCase) -> None:
+    update = update_serving(
+        [parse_report(case.body)],
+        serving=frozenset(),
+        holders_of=lambda a: HOLDERS.get(a, ()),
+        rules=case.rules,
+        now=NOW,
+        wall=WALL,
+    )
+    assert update.serving == case.serving
+    assert update.next_check == case.next_check
+    assert [r.reason for r in update.refused] == ([case.reason] if case.reason else [])
+    assert all(r.detail for r in update.refused)
 
 
 def test_adopt_keeps_the_oldest_owner_of_a_duplicate_and_lists_every_service() -> None:

@@ -23,7 +23,7 @@ import yaml
 from agent.cli import build_parser
 from agent.config import parse_config
 from agent.controller.config import ClusterAddresses, parse_controller_config
-from agent.http_server import parse_address
+from agent.http_server import parse_addresses
 from agent.model.net import IPNetwork
 from agent.model.pools import Forbidden, parse_pools
 
@@ -140,6 +140,7 @@ def test_the_manifests_hold_exactly_the_documented_objects() -> None:
             ("RoleBinding", "nodelb-agent"),
             ("ClusterRole", "nodelb-controller"),
             ("ClusterRoleBinding", "nodelb-controller"),
+            ("ClusterRole", "nodelb-metrics-reader"),
             ("Role", "nodelb-controller"),
             ("RoleBinding", "nodelb-controller"),
             ("ConfigMap", "nodelb-config"),
@@ -148,6 +149,8 @@ def test_the_manifests_hold_exactly_the_documented_objects() -> None:
             ("PodDisruptionBudget", "nodelb-controller"),
             ("ValidatingAdmissionPolicy", "nodelb-externalips"),
             ("ValidatingAdmissionPolicyBinding", "nodelb-externalips"),
+            ("ValidatingAdmissionPolicy", "nodelb-leases"),
+            ("ValidatingAdmissionPolicyBinding", "nodelb-leases"),
         ]
     )
     # The Namespace comes first so that one `kubectl apply -f` creates it before its objects.
@@ -206,7 +209,11 @@ def listen_port(c: dict[str, Any]) -> int:
     address = arg_value(c["args"], "--metrics-address")
     if address is None:
         address = parse_config(config_raw()).metrics_address
-    return parse_address(address)[1]
+    listens = parse_addresses(address)
+    # Both families, on one port (agent/http_server.py opens a socket per address).
+    assert sorted(h for h, _ in listens) == ["0.0.0.0", "::"], address
+    (port,) = {p for _, p in listens}
+    return port
 
 
 @pytest.mark.parametrize("workload", WORKLOADS)
@@ -217,6 +224,7 @@ def test_probes_reach_the_port_the_process_listens_on(workload: tuple[str, str])
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         get = c[probe]["httpGet"]
         assert get["path"] == path
+        assert get["scheme"] == "HTTPS"  # the endpoint speaks only TLS
         port = get["port"]
         assert ports.get(port, port) == expected, f"{probe} port {port} is not {expected}"
 
@@ -303,44 +311,52 @@ def test_configmap_config_parses_with_the_controller_loader() -> None:
 
 # -- RBAC -------------------------------------------------------------------------------------
 
-Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
+Rule = tuple[str, str, str, str]  # (apiGroup, resource, verb, resourceName or "")
 
 
 def rules(kind: str, name: str) -> set[Rule]:
-    """Return the (group, resource, verb) triples a (Cluster)Role grants."""
+    """Return the (group, resource, verb, resourceName) a (Cluster)Role grants."""
     out: set[Rule] = set()
     for r in obj(kind, name)["rules"]:
-        assert "resourceNames" not in r and "nonResourceURLs" not in r
+        assert "nonResourceURLs" not in r
         for g in r["apiGroups"]:
             for res in r["resources"]:
                 for v in r["verbs"]:
-                    assert "*" not in (g, res, v), f"{kind} {name} uses a wildcard"
-                    out.add((g, res, v))
+                    for n in r.get("resourceNames") or [""]:
+                        assert "*" not in (g, res, v, n), f"{kind} {name} uses a wildcard"
+                        out.add((g, res, v, n))
     return out
 
 
-def triples(group: str, resource: str, verbs: str) -> set[Rule]:
-    """Return one triple per space-separated verb."""
-    return {(group, resource, v) for v in verbs.split()}
+def triples(group: str, resource: str, verbs: str, name: str = "") -> set[Rule]:
+    """Return one rule per space-separated verb (on the object `name` only, when given)."""
+    return {(group, resource, v, name) for v in verbs.split()}
 
+
+# /metrics and /status: who is the bearer, and may it get the path (agent/kube/reviews.py).
+REVIEWS = triples("authentication.k8s.io", "tokenreviews", "create") | triples(
+    "authorization.k8s.io", "subjectaccessreviews", "create"
+)
 
 EXPECTED_RULES: dict[tuple[str, str], set[Rule]] = {
     ("ClusterRole", "nodelb-agent"): triples("", "services", "list watch")
     | triples("discovery.k8s.io", "endpointslices", "list watch")
     | triples("", "nodes", "get list watch")
-    | triples("", "events", "create patch"),
+    | triples("", "events", "create patch")
+    | REVIEWS,
+    # Which Leases each agent writes is the admission policy nodelb-leases' job.
     ("Role", "nodelb-agent"): triples(
-        "coordination.k8s.io", "leases", "get list watch create update patch"
+        "coordination.k8s.io", "leases", "get list watch create update"
     ),
     ("ClusterRole", "nodelb-controller"): triples("", "services", "list watch")
     | triples("", "services/status", "get update patch")
     | triples("", "nodes", "list watch")
     | triples("", "namespaces", "list watch")
     | triples("discovery.k8s.io", "endpointslices", "list watch")
-    | triples("", "events", "create patch"),
-    ("Role", "nodelb-controller"): triples(
-        "coordination.k8s.io", "leases", "get create update list watch"
-    ),
+    | triples("", "events", "create patch")
+    | REVIEWS,
+    ("Role", "nodelb-controller"): triples("coordination.k8s.io", "leases", "create list watch")
+    | triples("coordination.k8s.io", "leases", "get update", "nodelb-controller"),
 }
 
 
@@ -426,3 +442,56 @@ def test_policy_checks_service_writes_and_exempts_the_admin_groups() -> None:
         assert "messageExpression" in validation and validation["reason"] == "Forbidden"
     binding = obj("ValidatingAdmissionPolicyBinding", "nodelb-externalips", POLICY_DOCS)
     assert binding["spec"] == {"policyName": "nodelb-externalips", "validationActions": ["Deny"]}
+
+
+def test_the_lease_policy_binds_both_service_accounts_to_their_own_leases() -> None:
+    policy = obj("ValidatingAdmissionPolicy", "nodelb-leases", POLICY_DOCS)
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": NS}
+    }
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"]) == (["coordination.k8s.io"], ["leases"])
+    assert sorted(rule["operations"]) == ["CREATE", "UPDATE"]
+    (match,) = spec["matchConditions"]
+    for sa in ("nodelb-agent", "nodelb-controller"):
+        assert f"'system:serviceaccount:{NS}:{sa}'" in match["expression"]
+    node = next(v for v in spec["variables"] if v["name"] == "node")
+    assert "'authentication.kubernetes.io/node-name'" in node["expression"]
+    binding = obj("ValidatingAdmissionPolicyBinding", "nodelb-leases", POLICY_DOCS)
+    assert binding["spec"] == {"policyName": "nodelb-leases", "validationActions": ["Deny"]}
+
+
+def test_the_default_install_applies_every_manifest_and_both_policies() -> None:
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Kustomization"
+    # The admission policies are not optional extras: without nodelb-externalips kube-proxy
+    # serves refused externalIPs (CVE-2020-8554), without nodelb-leases nodes forge reports.
+    assert kustomization["resources"] == list(OWN_FILES)
+    readme = (ROOT / "README.md").read_text()
+    deploy_doc = (ROOT / "docs" / "deploy.md").read_text()
+    for text in (readme, deploy_doc):
+        assert "kubectl apply --server-side -k deploy/" in text
+
+
+def test_the_metrics_reader_role_grants_get_on_the_two_protected_paths_only() -> None:
+    role = obj("ClusterRole", "nodelb-metrics-reader")
+    assert role["rules"] == [{"nonResourceURLs": ["/metrics", "/status"], "verbs": ["get"]}]
+    bound = [d for d in MANIFESTS if d.get("roleRef", {}).get("name") == "nodelb-metrics-reader"]
+    assert bound == []  # granted by the operator to its readers, to nobody by default
+
+
+def test_the_prometheus_example_scrapes_over_tls_with_its_token() -> None:
+    (doc,) = load("prometheus-scrape.yaml")
+    jobs = doc["scrape_configs"]
+    assert [j["job_name"] for j in jobs] == ["nodelb-agent", "nodelb-controller"]
+    for job in jobs:
+        assert job["scheme"] == "https"
+        assert job["authorization"]["credentials_file"].endswith("serviceaccount/token")
+    assert "nodelb-metrics-reader" in (DEPLOY / "prometheus-scrape.yaml").read_text()
+    # The same jobs as docs/metrics.md's scrape configuration (which promtool checks).
+    text = (ROOT / "docs" / "metrics.md").read_text()
+    section = text[text.index("## Scraping") :]
+    documented = yaml.safe_load(section.split("```yaml\n", 1)[1].split("```", 1)[0])
+    assert documented["scrape_configs"] == jobs

@@ -15,12 +15,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent import status_command
 from agent.config import DEFAULT_METRICS_ADDRESS
 from agent.model.net import IPAddress, IPFamily, Protocol
 from agent.node.status_document import (
@@ -35,6 +37,7 @@ from agent.node.status_document import (
     parse_status,
     to_json,
 )
+from agent.serving_cert import client_context, server_context
 from agent.status_command import (
     StatusFetchError,
     default_url,
@@ -447,11 +450,13 @@ def test_malformed_documents_are_refused_with_the_path(bad: Bad) -> None:
 @pytest.mark.parametrize(
     ("given", "wanted"),
     [
-        pytest.param("http://127.0.0.1:9472", "http://127.0.0.1:9472/status", id="a bare address"),
-        pytest.param("http://127.0.0.1:9472/", "http://127.0.0.1:9472/status", id="a root path"),
         pytest.param(
-            "http://[2001:db8::5]:9472/debug/status",
-            "http://[2001:db8::5]:9472/debug/status",
+            "https://127.0.0.1:9472", "https://127.0.0.1:9472/status", id="a bare address"
+        ),
+        pytest.param("https://127.0.0.1:9472/", "https://127.0.0.1:9472/status", id="a root path"),
+        pytest.param(
+            "https://[2001:db8::5]:9472/debug/status",
+            "https://[2001:db8::5]:9472/debug/status",
             id="an explicit path is kept",
         ),
     ],
@@ -463,19 +468,43 @@ def test_status_url(given: str, wanted: str) -> None:
 @pytest.mark.parametrize(
     "url",
     [
-        pytest.param("https://127.0.0.1:9472", id="https, which the agent does not serve"),
+        pytest.param("http://127.0.0.1:9472", id="plain http, which the agent does not serve"),
         pytest.param("127.0.0.1:9472", id="an address without a scheme"),
-        pytest.param("http://", id="a scheme without a host"),
+        pytest.param("https://", id="a scheme without a host"),
     ],
 )
-def test_status_url_refuses_what_is_not_plain_http(url: str) -> None:
-    with pytest.raises(StatusFetchError, match="expected an http://host:port URL"):
+def test_status_url_refuses_what_is_not_https(url: str) -> None:
+    with pytest.raises(StatusFetchError, match="expected an https://host:port URL"):
         status_url(url)
 
 
-def test_default_url_is_loopback_on_the_default_metrics_port() -> None:
-    port = DEFAULT_METRICS_ADDRESS.rpartition(":")[2]
-    assert default_url() == f"http://127.0.0.1:{port}"
+def test_default_url_is_loopback_on_the_default_metrics_port(tmp_path: Path) -> None:
+    port = DEFAULT_METRICS_ADDRESS.partition(",")[0].rpartition(":")[2]
+    assert default_url(tmp_path / "absent.yaml") == f"https://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize(
+    ("address", "url"),
+    [
+        pytest.param("0.0.0.0:9000,[::]:9000", "https://127.0.0.1:9000", id="wildcards: loopback"),
+        pytest.param("[::]:9001", "https://[::1]:9001", id="the IPv6 wildcard: ::1"),
+        pytest.param("198.18.0.7:9002", "https://198.18.0.7:9002", id="a specific address"),
+        pytest.param("[2001:db8::7]:9003", "https://[2001:db8::7]:9003", id="a specific IPv6"),
+    ],
+)
+def test_default_url_comes_from_the_agents_config_file(
+    tmp_path: Path, address: str, url: str
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"loadBalancerClass: nodelb.io/lb\nmetricsAddress: '{address}'\n")
+    assert default_url(config) == url
+
+
+def test_a_bad_address_in_the_config_is_named(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("metricsAddress: nowhere\n")
+    with pytest.raises(StatusFetchError, match="metricsAddress: listen address 'nowhere'"):
+        default_url(config)
 
 
 # --- the command against a real HTTP server on loopback -----------------------------------
@@ -487,18 +516,25 @@ class Answer:
     body: bytes
 
 
-class Agent:
-    """A stand-in for the agent's HTTP server: answers GET /status with `answer`."""
+TOKEN = "reader-token"
 
-    def __init__(self) -> None:
+
+class Agent:
+    """A stand-in for the agent's HTTPS server: answers GET /status with `answer` to the
+    bearer TOKEN (401 otherwise), with a self-signed certificate published to `cert`."""
+
+    def __init__(self, cert: Path) -> None:
         self.answer = Answer(200, json.dumps(DOC).encode())
         self.paths: list[str] = []
+        self.cert = cert
         agent = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 agent.paths.append(self.path)
-                if self.path != "/status":
+                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                    self._send(Answer(401, b"Unauthorized\n"))
+                elif self.path != "/status":
                     self._send(Answer(404, b"not found\n"))
                 else:
                     self._send(agent.answer)
@@ -514,12 +550,18 @@ class Agent:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        tls = server_context(cert_file=None, key_file=None, publish_to=cert)
+        self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
+
+    def args(self, *more: str) -> list[str]:
+        """Return `nodelb status` arguments that reach, trust and authenticate to it."""
+        return ["--url", self.url, "--agent-cert", str(self.cert), "--token", TOKEN, *more]
 
 
 @pytest.fixture
-def agent() -> Iterator[Agent]:
-    fake = Agent()
+def agent(tmp_path: Path) -> Iterator[Agent]:
+    fake = Agent(tmp_path / "metrics.crt")
     thread = threading.Thread(target=fake.server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
@@ -531,7 +573,7 @@ def agent() -> Iterator[Agent]:
 
 
 def test_main_prints_the_table(agent: Agent, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--url", agent.url]) == 0
+    assert main(agent.args()) == 0
     out, err = capsys.readouterr()
     assert out == GOLDEN + "\n"
     assert err == ""
@@ -541,14 +583,44 @@ def test_main_prints_the_table(agent: Agent, capsys: pytest.CaptureFixture[str])
 def test_main_json_parses_back_identically(
     agent: Agent, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["--url", agent.url, "--json"]) == 0
+    assert main(agent.args("--json")) == 0
     out, _ = capsys.readouterr()
     assert json.loads(out) == DOC
     assert parse_status(json.loads(out)) == parse_status(DOC)
 
 
 def test_fetch_returns_the_decoded_document(agent: Agent) -> None:
-    assert fetch(agent.url + "/", timeout=5) == DOC
+    pinned = client_context(ca_file=agent.cert, pinned=True)
+    assert fetch(agent.url + "/", timeout=5, token=TOKEN, context=pinned) == DOC
+
+
+def test_the_token_can_come_from_a_file(agent: Agent, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    args = ["--url", agent.url, "--agent-cert", str(agent.cert), "--token-file", str(token_file)]
+    assert main(args) == 0
+
+
+def test_without_a_token_the_refusal_says_what_to_pass(
+    agent: Agent, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(status_command, "IN_CLUSTER_TOKEN", Path("/nonexistent/token"))
+    assert main(["--url", agent.url, "--agent-cert", str(agent.cert)]) == 1
+    err = capsys.readouterr().err
+    assert "the agent answered HTTP 401" in err and "--token" in err
+    assert "nodelb-metrics-reader" in err
+
+
+def test_an_agent_whose_certificate_is_not_trusted_is_refused(
+    agent: Agent, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    other = tmp_path / "other.crt"
+    server_context(cert_file=None, key_file=None, publish_to=other)
+    assert main(["--url", agent.url, "--agent-cert", str(other), "--token", TOKEN]) == 1
+    assert "CERTIFICATE_VERIFY_FAILED" in capsys.readouterr().err
+    assert agent.paths == []  # the token never left
+    insecure = ["--url", agent.url, "--token", TOKEN, "--insecure-skip-tls-verify"]
+    assert main([*insecure, "--agent-cert", str(other)]) == 0  # the explicit opt-out
 
 
 @pytest.mark.parametrize(
@@ -567,7 +639,7 @@ def test_main_reports_bad_answers_with_the_url(
     agent: Agent, capsys: pytest.CaptureFixture[str], answer: Answer, message: str
 ) -> None:
     agent.answer = answer
-    assert main(["--url", agent.url]) == 1
+    assert main(agent.args()) == 1
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith(f"nodelb status: {agent.url}/status: ")
@@ -577,7 +649,7 @@ def test_main_reports_bad_answers_with_the_url(
 def test_main_reports_a_missing_status_path(
     agent: Agent, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["--url", agent.url + "/nothing-here"]) == 1
+    assert main([*agent.args(), "--url", agent.url + "/nothing-here"]) == 1
     assert "the agent answered HTTP 404" in capsys.readouterr().err
 
 
@@ -586,7 +658,7 @@ def test_main_reports_an_unreachable_agent(capsys: pytest.CaptureFixture[str]) -
     # port from being reused by anything else for the test's duration.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        url = f"https://127.0.0.1:{sock.getsockname()[1]}"
         assert main(["--url", url, "--timeout", "5"]) == 1
     out, err = capsys.readouterr()
     assert out == ""

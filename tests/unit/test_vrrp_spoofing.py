@@ -76,8 +76,11 @@ def test_a_report_speaks_only_for_the_node_it_is_named_for() -> None:
     # A Lease not named for a node speaks for nobody.
     stray = report_sources(lease("evil", "n2", "fe80::66"))
     assert stray.problem is not None and stray.sources == ()
+    # Nor does one without a holderIdentity (the agent always writes it).
+    headless = report_sources(lease("nodelb-node-n2", None, "fe80::2"))
+    assert headless.problem is not None and headless.sources == ()
     # Extra entries (a second link-local, a global IPv6 address) are dropped.
-    padded = report_sources(lease("nodelb-node-n2", None, "fe80::2,fe80::66,2001:db8::66"))
+    padded = report_sources(lease("nodelb-node-n2", "n2", "fe80::2,fe80::66,2001:db8::66"))
     assert padded.sources == (IPv6Address("fe80::2"),)
 
 
