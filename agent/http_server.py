@@ -1,7 +1,8 @@
 """The HTTP endpoint: /metrics (Prometheus), /healthz, /readyz and (agent) /status.
 
 /healthz answers 200 while the main loop is alive; /readyz answers 200 once the caches have
-synced and the first full sync is in the kernel (the DaemonSet's readiness probe), else 503.
+synced and the first full sync is in the kernel (the DaemonSet's readiness probe), else 503
+with the reason when the process gives one (`not ready: configuration refused: ...`).
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ class HealthServer:
         alive: Callable[[], bool],
         ready: Callable[[], bool],
         status: Callable[[], dict[str, Any]] | None = None,
+        why_not_ready: Callable[[], str] | None = None,
     ) -> None:
         self._address = parse_address(address)
         self._alive = alive
         self._ready = ready
         self._status = status
+        self._why_not_ready = why_not_ready
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -47,6 +50,11 @@ class HealthServer:
 
     def run(self) -> None:
         alive, ready, status = self._alive, self._ready, self._status
+        why_not_ready = self._why_not_ready
+
+        def not_ready() -> bytes:
+            why = why_not_ready() if why_not_ready is not None else ""
+            return f"not ready: {why}\n".encode() if why else b"not ready\n"
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -57,7 +65,7 @@ class HealthServer:
                     self._send(200 if ok else 503, b"ok\n" if ok else b"loop stopped\n")
                 elif self.path == "/readyz":
                     ok = ready()
-                    self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
+                    self._send(200 if ok else 503, b"ready\n" if ok else not_ready())
                 elif self.path == "/status" and status is not None:
                     self._send(200, orjson.dumps(status()), "application/json")
                 else:

@@ -26,10 +26,19 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.model.config_values import (
+    ConfigError,
+    boolean,
+    describe,
+    mapping,
+    string_list,
+    string_map,
+    wrong,
+)
 from agent.model.net import IPAddress, IPNetwork
 
 
-class PoolError(ValueError):
+class PoolError(ConfigError):
     """The pool configuration is invalid; the message names the pool and the field."""
 
 
@@ -191,66 +200,49 @@ def parse_block(text: str, where: str) -> tuple[IPNetwork, ...]:
         raise PoolError(f"{where}: {text!r} is not a CIDR or an address range ({exc})") from None
 
 
-def _selector(value: Any, where: str) -> LabelSelector | None:
-    if value is None:
+def _selector(raw: Mapping[str, Any], key: str, where: str) -> LabelSelector | None:
+    if raw.get(key) is None:
         return None
-    if not isinstance(value, Mapping):
-        raise PoolError(f"{where}: expected a mapping with matchLabels, got {value!r}")
+    value = mapping(raw[key], where)
     extra = set(value) - {"matchLabels"}
     if extra:
-        raise PoolError(
-            f"{where}: only matchLabels is supported, not {', '.join(sorted(map(str, extra)))}"
-        )
-    labels = value.get("matchLabels") or {}
-    if not isinstance(labels, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
-    ):
-        raise PoolError(f"{where}.matchLabels: expected a mapping of strings, got {labels!r}")
-    return LabelSelector(match_labels=tuple(sorted(labels.items())))
-
-
-def _bool(item: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
-    value = item.get(key, default)
-    if not isinstance(value, bool):
-        raise PoolError(f"{where}.{key}: expected true or false, got {value!r}")
-    return value
+        raise PoolError(f"{where}: only matchLabels is supported, not {', '.join(sorted(extra))}")
+    labels = value.get("matchLabels")
+    pairs = () if labels is None else string_map(labels, f"{where}.matchLabels")
+    return LabelSelector(match_labels=pairs)
 
 
 def _parse_one(i: int, item: Any, forbidden: Forbidden) -> AddressPool:
-    if not isinstance(item, Mapping):
-        raise PoolError(f"pools[{i}]: expected a mapping, got {item!r}")
+    item = mapping(item, f"pools[{i}]")
     name = item.get("name")
     if not isinstance(name, str) or not name.strip():
-        raise PoolError(f"pools[{i}].name: each pool needs a non-empty name")
+        raise PoolError(f"pools[{i}].name: expected a non-empty name, got {describe(name)}")
     where = f"pools[{i}] ({name})"
     unknown = set(item) - _POOL_KEYS
     if unknown:
-        raise PoolError(f"{where}: unknown keys {', '.join(sorted(map(str, unknown)))}")
+        raise PoolError(f"{where}: unknown keys {', '.join(sorted(unknown))}")
     blocks = item.get("addresses")
     if blocks is None or blocks == []:
         raise PoolError(f"{where}.addresses: a pool needs at least one CIDR or range")
     if not isinstance(blocks, list):
-        raise PoolError(f"{where}.addresses: expected a list, got {blocks!r}")
+        raise wrong(f"{where}.addresses", "a list of CIDRs or ranges", blocks)
     located: list[tuple[IPNetwork, str]] = []
     for j, block in enumerate(blocks):
         block_where = f"{where}.addresses[{j}]"
         if not isinstance(block, str):
-            raise PoolError(f"{block_where}: expected a string, got {block!r}")
+            raise wrong(block_where, "a string (a CIDR or a range)", block)
         located.extend((net, block_where) for net in parse_block(block, block_where))
     for net, block_where in located:
         _check_usable(net, block_where, forbidden)
     _check_disjoint(located)
-    namespaces = item.get("namespaces") or []
-    if not isinstance(namespaces, list) or not all(isinstance(n, str) for n in namespaces):
-        raise PoolError(f"{where}.namespaces: expected a list of names, got {namespaces!r}")
     pool = AddressPool(
         name=name,
         networks=tuple(sorted((n for n, _ in located), key=lambda n: (n.version, n))),
-        auto_assign=_bool(item, "autoAssign", True, where),
-        avoid_buggy_ips=_bool(item, "avoidBuggyIPs", False, where),
-        namespaces=tuple(namespaces),
-        namespace_selector=_selector(item.get("namespaceSelector"), f"{where}.namespaceSelector"),
-        service_selector=_selector(item.get("serviceSelector"), f"{where}.serviceSelector"),
+        auto_assign=boolean(item, "autoAssign", True, f"{where}.autoAssign"),
+        avoid_buggy_ips=boolean(item, "avoidBuggyIPs", False, f"{where}.avoidBuggyIPs"),
+        namespaces=string_list(item, "namespaces", f"{where}.namespaces"),
+        namespace_selector=_selector(item, "namespaceSelector", f"{where}.namespaceSelector"),
+        service_selector=_selector(item, "serviceSelector", f"{where}.serviceSelector"),
     )
     if pool.size() == 0:
         raise PoolError(f"{where}.addresses: no usable address once .0/.255 are avoided")
@@ -278,7 +270,7 @@ def _check_disjoint(located: list[tuple[IPNetwork, str]]) -> None:
             raise PoolError(f"{b_where}: {b} overlaps {a} of {a_where}")
 
 
-def parse_pools(raw: list[Any] | None, *, forbidden: Forbidden) -> PoolSet | None:
+def parse_pools(raw: Any, *, forbidden: Forbidden) -> PoolSet | None:
     """Return the validated pools, or None when pools are not configured at all.
 
     None (the key is absent) means nodelb does not allocate: the controller leaves
@@ -289,8 +281,13 @@ def parse_pools(raw: list[Any] | None, *, forbidden: Forbidden) -> PoolSet | Non
     if raw is None:
         return None
     if not isinstance(raw, list):
-        raise PoolError(f"pools: expected a list, got {raw!r}")
-    pools = [_parse_one(i, item, forbidden) for i, item in enumerate(raw)]
+        raise PoolError(str(wrong("pools", "a list of pools", raw)))
+    try:
+        pools = [_parse_one(i, item, forbidden) for i, item in enumerate(raw)]
+    except PoolError:
+        raise
+    except ConfigError as exc:  # a value of the wrong type: one error class for pools
+        raise PoolError(str(exc)) from None
     seen: dict[str, int] = {}
     for i, pool in enumerate(pools):
         if pool.name in seen:
