@@ -44,7 +44,7 @@ from typing import Any
 from agent.config import ConfigError
 from agent.config_file import parse_document, read_bytes
 from agent.controller import metrics
-from agent.controller.allocator import Allocator
+from agent.controller.allocator import Allocator, freed_addresses, latest_releases
 from agent.controller.api import APIError, Clock, ControllerAPI, PatchResult, SystemClock
 from agent.controller.config import (
     ConfigVerdict,
@@ -146,7 +146,10 @@ class Controller:
         self._writes = WritesInFlight()
         self._completions: list[tuple[StatusWrite, WriteOutcome]] = []
         self._allocator: Allocator | None = None
-        self._released: dict[IPAddress, float] = {}  # seeds the next rebuild's reuse order
+        # When each free address was released, as far as this replica knows: what its own
+        # allocator released (kept when the allocator is dropped: a reload, a lost Lease) and
+        # what the watch showed other leaders release. Seeds the next rebuild's reuse order.
+        self._released: dict[IPAddress, float] = {}
         self._reallocated: dict[str, str] = {}
         self._serving: frozenset[IPAddress] = frozenset()
         self._config: ControllerConfig | None = None
@@ -199,7 +202,18 @@ class Controller:
         return parse_view(obj, lb_class=lb_class, handle_classless=classless)
 
     def on_services(self, changes: list[Change[ServiceView]]) -> None:
-        """Mark the changed Services (reflector thread)."""
+        """Mark the changed Services and note the addresses they freed (reflector thread)."""
+        now = self._clock.monotonic()
+        freed = {
+            ip: now
+            for c in changes
+            for ip in freed_addresses(
+                c.old.request if c.old else None, c.new.request if c.new else None
+            )
+        }
+        with self._cond:
+            if freed:
+                self._released.update(freed)
         self._mark(c.key for c in changes)
 
     def on_namespaces(self, changes: list[Change[Labels]]) -> None:
@@ -297,12 +311,11 @@ class Controller:
             self._next_reload = now + self._settings.reload_period
             if self._load_config() and self._allocator is not None:
                 # Pools changed: rebuild from the API, keeping the reuse order of what was freed.
-                self._released = dict(self._allocator.release_times())
-                self._allocator = None
+                self._drop_allocator()
         if not self.elector.is_leader():
             if self._allocator is not None:
                 log.info("not the leader any more; dropping allocation state")
-                self._allocator = None
+                self._drop_allocator()
             return
         if self._config is None:
             return  # no valid configuration yet: nothing to allocate from
@@ -410,11 +423,13 @@ class Controller:
         """Rebuild the allocator from a fresh LIST; return every Service key to (re)process."""
         assert self._config is not None
         views = [self._parse_view(obj) for obj in self._api.list_services()]
+        with self._cond:
+            released = dict(self._released)
         adoption = adopt(
             views,
             pools=self._config.pools,
             namespace_labels=self._labels_of,
-            released=self._released,
+            released=released,
         )
         for moved in adoption.reallocations:
             metrics.REALLOCATIONS.labels(moved.reason).inc()
@@ -425,6 +440,13 @@ class Controller:
         self._timers = RetryTimers()
         log.info("allocation state rebuilt", extra={"services": len(views)})
         return set(adoption.keys)
+
+    def _drop_allocator(self) -> None:
+        """Forget the allocation state, keeping its release times for the next rebuild."""
+        assert self._allocator is not None
+        with self._cond:
+            self._released = latest_releases(self._released, self._allocator.release_times())
+        self._allocator = None
 
     def _labels_of(self, namespace: str) -> Labels:
         return self.namespaces.get(namespace) or ()

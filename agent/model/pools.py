@@ -9,7 +9,13 @@ with optional restrictions on which Services may draw from it:
 - ``autoAssign`` (default true): false means the pool only serves Services that name it
   (``nodelb.io/ip-pool``) or ask for one of its addresses;
 - ``avoidBuggyIPs`` (default false): skip IPv4 addresses ending in .0 or .255, which some CPE
-  firmwares drop as broadcast (IPv6 is unaffected).
+  firmwares drop as broadcast (IPv6 has no broadcast: the option does not apply to it);
+- ``allowSubnetRouterAnycast`` (default false): IPv6 pools never hand out a Subnet-Router
+  anycast address (RFC 4291 §2.6.1: a subnet prefix with an all-zero interface identifier,
+  which every router on the link answers for) unless this is true. Which addresses those are
+  is `is_subnet_router_anycast`: every address whose 64-bit interface identifier is zero,
+  and the first address of each IPv6 CIDR block of a pool longer than /64 (and shorter than
+  /128), since such a block may be the link's own prefix.
 
 `parse_pools` validates once, with errors naming the pool and the field: malformed blocks,
 empty pools, pools overlapping one another (or themselves), and pools overlapping the
@@ -67,6 +73,30 @@ def is_buggy(ip: IPAddress) -> bool:
     return ip.version == 4 and int(ip) & 0xFF in (0, 255)
 
 
+_IID = (1 << 64) - 1  # the interface identifier: the low 64 bits of an IPv6 unicast address
+
+
+def is_subnet_router_anycast(ip: IPAddress, block_starts: frozenset[IPAddress]) -> bool:
+    """Return True when `ip` is (or may be) a Subnet-Router anycast address (RFC 4291 §2.6.1).
+
+    That is an IPv6 address whose 64-bit interface identifier is all zeros (the anycast
+    address of its /64), or one of `block_starts`: the first addresses of a pool's CIDR
+    blocks longer than /64, each of which may be the prefix of its link. IPv4 has none.
+    """
+    return ip.version == 6 and (int(ip) & _IID == 0 or ip in block_starts)
+
+
+def anycast_block_start(net: IPNetwork) -> IPAddress | None:
+    """Return the first address of an IPv6 CIDR block longer than /64 and shorter than /128.
+
+    None otherwise: a /64 or shorter has its anycast addresses at zero interface identifiers
+    already, a /128 is one host, not a subnet, and IPv4 has no anycast address.
+    """
+    if net.version == 6 and 64 < net.prefixlen < 128:
+        return net.network_address
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class AddressPool:
     """One validated pool; `networks` are disjoint and sorted by family, then address."""
@@ -75,6 +105,9 @@ class AddressPool:
     networks: tuple[IPNetwork, ...]
     auto_assign: bool = True
     avoid_buggy_ips: bool = False
+    allow_subnet_router_anycast: bool = False
+    # The first addresses of the pool's IPv6 CIDR blocks longer than /64 (anycast_block_start).
+    block_starts: frozenset[IPAddress] = frozenset()
     namespaces: tuple[str, ...] = ()
     namespace_selector: LabelSelector | None = None
     service_selector: LabelSelector | None = None
@@ -88,9 +121,17 @@ class AddressPool:
         """Return the IP versions (4, 6) this pool has addresses for."""
         return frozenset(n.version for n in self.networks)
 
+    def avoids(self, ip: IPAddress) -> bool:
+        """Return True when the pool never hands `ip` out (avoided .0/.255, IPv6 anycast)."""
+        if self.avoid_buggy_ips and is_buggy(ip):
+            return True
+        return not self.allow_subnet_router_anycast and is_subnet_router_anycast(
+            ip, self.block_starts
+        )
+
     def contains(self, ip: IPAddress) -> bool:
         """Return True when `ip` is an address this pool may hand out."""
-        if self.avoid_buggy_ips and is_buggy(ip):
+        if self.avoids(ip):
             return False
         return any(ip.version == n.version and ip in n for n in self.networks)
 
@@ -103,6 +144,8 @@ class AddressPool:
             total += net.num_addresses
             if self.avoid_buggy_ips and net.version == 4:
                 total -= _buggy_count(net)
+            if net.version == 6 and not self.allow_subnet_router_anycast:
+                total -= _anycast_count(net, self.block_starts)
         return total
 
     def addresses(self, version: int, *, start: int = 0) -> Iterator[IPAddress]:
@@ -115,7 +158,7 @@ class AddressPool:
                 ip: IPAddress = (
                     ipaddress.IPv4Address(value) if version == 4 else ipaddress.IPv6Address(value)
                 )
-                if not (self.avoid_buggy_ips and is_buggy(ip)):
+                if not self.avoids(ip):
                     yield ip
 
     def admits(
@@ -139,6 +182,15 @@ def _buggy_count(net: IPNetwork) -> int:
     if last - first + 1 >= 256:
         return (last - first + 1) // 256 * 2  # one .0 and one .255 per /24
     return sum(1 for v in {first, last} if v & 0xFF in (0, 255))
+
+
+def _anycast_count(net: IPNetwork, block_starts: frozenset[IPAddress]) -> int:
+    """Return how many Subnet-Router anycast addresses an IPv6 network holds."""
+    if net.prefixlen <= 64:
+        return 1 << (64 - net.prefixlen)  # one per /64: its zero interface identifier
+    first = net.network_address
+    # Longer than /64: only the first address can have a zero interface identifier.
+    return 1 if (int(first) & _IID == 0 or first in block_starts) else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +230,7 @@ _POOL_KEYS = {
     "addresses",
     "autoAssign",
     "avoidBuggyIPs",
+    "allowSubnetRouterAnycast",
     "namespaces",
     "namespaceSelector",
     "serviceSelector",
@@ -227,11 +280,15 @@ def _parse_one(i: int, item: Any, forbidden: Forbidden) -> AddressPool:
     if not isinstance(blocks, list):
         raise wrong(f"{where}.addresses", "a list of CIDRs or ranges", blocks)
     located: list[tuple[IPNetwork, str]] = []
+    starts: set[IPAddress] = set()
     for j, block in enumerate(blocks):
         block_where = f"{where}.addresses[{j}]"
         if not isinstance(block, str):
             raise wrong(block_where, "a string (a CIDR or a range)", block)
-        located.extend((net, block_where) for net in parse_block(block, block_where))
+        nets = parse_block(block, block_where)
+        located.extend((net, block_where) for net in nets)
+        if "-" not in block:  # a CIDR may be a link's prefix; a range's pieces are not
+            starts.update(a for a in map(anycast_block_start, nets) if a is not None)
     for net, block_where in located:
         _check_usable(net, block_where, forbidden)
     _check_disjoint(located)
@@ -240,12 +297,19 @@ def _parse_one(i: int, item: Any, forbidden: Forbidden) -> AddressPool:
         networks=tuple(sorted((n for n, _ in located), key=lambda n: (n.version, n))),
         auto_assign=boolean(item, "autoAssign", True, f"{where}.autoAssign"),
         avoid_buggy_ips=boolean(item, "avoidBuggyIPs", False, f"{where}.avoidBuggyIPs"),
+        allow_subnet_router_anycast=boolean(
+            item, "allowSubnetRouterAnycast", False, f"{where}.allowSubnetRouterAnycast"
+        ),
+        block_starts=frozenset(starts),
         namespaces=string_list(item, "namespaces", f"{where}.namespaces"),
         namespace_selector=_selector(item, "namespaceSelector", f"{where}.namespaceSelector"),
         service_selector=_selector(item, "serviceSelector", f"{where}.serviceSelector"),
     )
     if pool.size() == 0:
-        raise PoolError(f"{where}.addresses: no usable address once .0/.255 are avoided")
+        raise PoolError(
+            f"{where}.addresses: no usable address once .0/.255 or the IPv6 Subnet-Router "
+            "anycast addresses are avoided"
+        )
     return pool
 
 

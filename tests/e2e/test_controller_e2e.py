@@ -491,3 +491,102 @@ def test_a_status_write_from_a_stale_view_is_refused(core: client.CoreV1Api) -> 
             "x", ns, patch, _content_type="application/merge-patch+json"
         )
     assert err.value.status == 409
+
+
+# -- wrongly typed configuration (issue 19, item 2); keep these last: they count refusals ----
+
+
+def http_get(cs: ControllerSet, name: str, path: str) -> tuple[int, str]:
+    """Return (status, body) of GET `path` on replica `name` (inside the control-plane ns)."""
+    assert cs.lab.controlplane is not None
+    url = cs.metrics_url(name).removesuffix("/metrics") + path
+    with nsclient.pool_manager(cs.lab.controlplane.ns) as pm:
+        resp = pm.request("GET", url, timeout=2.0, retries=False)
+        return int(resp.status), str(resp.data.decode())
+
+
+def refusals(cs: ControllerSet, name: str) -> float:
+    for line in scrape(cs, name).splitlines():
+        if line.startswith('nodelb_config_reloads_total{result="error"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def config_events(core: client.CoreV1Api, reason: str) -> list[dict[str, Any]]:
+    raw: Any = core.list_namespaced_event(
+        NAMESPACE,
+        field_selector="involvedObject.kind=ConfigMap,involvedObject.name=nodelb-config",
+        _preload_content=False,
+    )
+    items = orjson.loads(raw.data).get("items") or []
+    return [e for e in items if e.get("reason") == reason]
+
+
+def test_a_wrongly_typed_reload_is_refused_with_an_event_and_allocation_continues(
+    core: client.CoreV1Api, controllers: ControllerSet
+) -> None:
+    ns = make_ns(core, "typed")
+    create_svc(core, ns, lb_service("before"))
+    before = wait_until(lambda: ips_of(core, ns, "before"), 30, "before's address")
+    leader = controllers.leader()
+    assert leader is not None
+    counted = refusals(controllers, leader)
+    seen = len(config_events(core, "ConfigRefused"))
+    # What crashed both replicas (exit status 0, and again on restart) before.
+    controllers.write_config({"pools": [{"name": "main", "addresses": 5}, *POOLS[1:]]})
+    wait_until(lambda: refusals(controllers, leader) == counted + 1, 30, "the refusal counted")
+    found = wait_until(
+        lambda: config_events(core, "ConfigRefused")[seen:], 30, "a ConfigRefused Event"
+    )
+    assert found[0]["type"] == "Warning"
+    assert "pools[0] (main).addresses: expected a list" in found[0]["message"]
+    assert "keeping the previous one" in found[0]["message"]
+    # Allocation goes on under the pools in force, and nobody crashed.
+    create_svc(core, ns, lb_service("during"))
+    during = wait_until(lambda: ips_of(core, ns, "during"), 30, "an address under the old pools")
+    assert ipaddress.ip_address(during[0]) in ipaddress.ip_network("198.19.0.0/22")
+    observe(5.0, "two more reload periods of the same refused file")
+    assert refusals(controllers, leader) == counted + 1  # reported once
+    assert {n: p.poll() for n, p in controllers.procs.items()} == {"ctl-a": None, "ctl-b": None}
+    assert all(http_get(controllers, n, "/readyz")[0] == 200 for n in controllers.procs)
+    assert ips_of(core, ns, "before") == before
+    controllers.write_config(CONFIG)
+    wait_until(lambda: len(config_events(core, "ConfigLoaded")) > 0, 30, "ConfigLoaded once fixed")
+
+
+def test_a_controller_started_with_a_bad_file_stays_up_unready_and_becomes_ready_when_fixed(
+    controllers: ControllerSet, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad-config.yaml"
+    bad.write_text("")  # empty: accepted as "pools unset" before, and nothing ever happened
+    proc = controllers.start("ctl-c", extra=(f"--config={bad}",))
+    try:
+
+        def unready_body() -> str | None:
+            code, body = http_get(controllers, "ctl-c", "/readyz")
+            return body if code == 503 else None
+
+        body = wait_until(unready_body, 30, "ctl-c answering /readyz")
+        assert body is not None
+        assert "configuration refused" in body and "the configuration is empty" in body, body
+        assert "configuration refused" in controllers.log("ctl-c")
+        observe(3.0, "a few reload periods on the bad file")
+        assert proc.poll() is None, "the controller exited on a bad file"
+        assert http_get(controllers, "ctl-c", "/healthz")[0] == 200
+        assert http_get(controllers, "ctl-c", "/readyz")[0] == 503
+        bad.write_text("pools: [{name: main, addresses: 5}]\n")  # still bad, another way
+        wait_until(
+            lambda: "expected a list" in http_get(controllers, "ctl-c", "/readyz")[1],
+            30,
+            "the new reason on /readyz",
+        )
+        controllers.write_config(CONFIG)
+        bad.write_text(controllers.config_path.read_text())
+        wait_until(
+            lambda: http_get(controllers, "ctl-c", "/readyz") == (200, "ready\n"),
+            30,
+            "ctl-c ready once the file is fixed",
+        )
+        assert proc.poll() is None
+    finally:
+        controllers.stop("ctl-c")

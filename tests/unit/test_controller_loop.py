@@ -550,3 +550,66 @@ def test_a_replica_started_with_a_bad_file_stays_unready_and_out_of_the_election
         stop.set()
         runner.join(timeout=10)
     assert not runner.is_alive()
+
+
+# -- reuse order across leadership changes -------------------------------------------------
+
+
+def test_a_new_leader_keeps_the_reuse_order_of_addresses_the_old_one_freed(
+    tmp_path: Path,
+) -> None:
+    """b stood by while a led; what a freed is not b's first pick once b leads."""
+    server = FakeServer()
+    first = server.create_service("first", created="2026-12-01T10:01:00Z")
+    second = server.create_service("second", created="2026-12-01T10:02:00Z")
+    a = leading(server, tmp_path, "a")
+    b = replica(server, "b", config_file(tmp_path))
+    b.ctl.elector.step()
+    b.ctl.step()  # b loads the config; it does not lead
+    a.ctl.step()
+    a.writer.run_all()
+    b.sync(server)  # b's watch sees .1 and .2 written
+    server.delete_service(first)  # .1 is free: handed out again only when nothing fresh is left
+    a.sync(server)
+    a.ctl.step()
+    b.sync(server)  # ... and b's watch sees the deletion
+    b.clock.advance(TIMING.lease_duration)  # a stops renewing (it died); b takes the Lease
+    b.ctl.elector.step()
+    assert b.ctl.elector.is_leader()
+    b.ctl.step()  # b rebuilds its allocator from a fresh LIST
+    third = server.create_service("third", created="2026-12-01T10:03:00Z")
+    b.sync(server)
+    b.ctl.step()
+    b.writer.run_all()
+    assert server.ips(second) == ("198.19.0.2",)
+    assert server.ips(third) == ("198.19.0.3",)  # not the .1 a freed a moment ago
+
+
+def test_a_leader_that_loses_and_regains_the_lease_keeps_its_reuse_order(
+    tmp_path: Path,
+) -> None:
+    server = FakeServer()
+    first = server.create_service("first", created="2026-12-01T10:01:00Z")
+    server.create_service("second", created="2026-12-01T10:02:00Z")
+    a = leading(server, tmp_path, "a")
+    a.ctl.step()
+    a.writer.run_all()
+    a.sync(server)
+    server.delete_service(first)
+    a.sync(server)
+    a.ctl.step()  # releases .1
+    a.client.partitioned = True  # a cannot renew: past its renew deadline it stops leading
+    a.clock.advance(TIMING.renew_deadline + 1)
+    a.ctl.elector.step()
+    assert not a.ctl.elector.is_leader()
+    a.ctl.step()  # drops its allocator
+    a.client.partitioned = False
+    a.clock.advance(TIMING.lease_duration)
+    a.ctl.elector.step()
+    assert a.ctl.elector.is_leader()
+    a.ctl.step()  # rebuilt
+    third = server.create_service("third", created="2026-12-01T10:03:00Z")
+    a.sync(server)
+    a.ctl.step()
+    a.writer.run_all()
+    assert server.ips(third) == ("198.19.0.3",)
