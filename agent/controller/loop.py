@@ -359,7 +359,7 @@ class Controller:
         initial = self._config is None
         digest = b""
         try:
-            data = read_bytes(path) if path is not None else b""
+            data = read_bytes(path) if path is not None else b"{}"  # no file: defaults
             digest = config_digest(data)
             verdict = config_verdict(
                 digest,

@@ -513,13 +513,8 @@ def refusals(cs: ControllerSet, name: str) -> float:
 
 
 def config_events(core: client.CoreV1Api, reason: str) -> list[dict[str, Any]]:
-    raw: Any = core.list_namespaced_event(
-        NAMESPACE,
-        field_selector="involvedObject.kind=ConfigMap,involvedObject.name=nodelb-config",
-        _preload_content=False,
-    )
-    items = orjson.loads(raw.data).get("items") or []
-    return [e for e in items if e.get("reason") == reason]
+    """Return the Events of `reason` on the controllers' ConfigMap."""
+    return events(core, NAMESPACE, "nodelb-config", reason)
 
 
 def test_a_wrongly_typed_reload_is_refused_with_an_event_and_allocation_continues(
@@ -531,15 +526,16 @@ def test_a_wrongly_typed_reload_is_refused_with_an_event_and_allocation_continue
     leader = controllers.leader()
     assert leader is not None
     counted = refusals(controllers, leader)
-    seen = len(config_events(core, "ConfigRefused"))
     # What crashed both replicas (exit status 0, and again on restart) before.
     controllers.write_config({"pools": [{"name": "main", "addresses": 5}, *POOLS[1:]]})
     wait_until(lambda: refusals(controllers, leader) == counted + 1, 30, "the refusal counted")
+    wrong = "pools[0] (main).addresses: expected a list"
     found = wait_until(
-        lambda: config_events(core, "ConfigRefused")[seen:], 30, "a ConfigRefused Event"
+        lambda: [e for e in config_events(core, "ConfigRefused") if wrong in e["message"]],
+        30,
+        "a ConfigRefused Event naming the key",
     )
     assert found[0]["type"] == "Warning"
-    assert "pools[0] (main).addresses: expected a list" in found[0]["message"]
     assert "keeping the previous one" in found[0]["message"]
     # Allocation goes on under the pools in force, and nobody crashed.
     create_svc(core, ns, lb_service("during"))
@@ -547,6 +543,9 @@ def test_a_wrongly_typed_reload_is_refused_with_an_event_and_allocation_continue
     assert ipaddress.ip_address(during[0]) in ipaddress.ip_network("198.19.0.0/22")
     observe(5.0, "two more reload periods of the same refused file")
     assert refusals(controllers, leader) == counted + 1  # reported once
+    named = [e for e in config_events(core, "ConfigRefused") if wrong in e["message"]]
+    assert {e.get("count", 1) for e in named} == {1}  # one Event per replica, never repeated
+    assert len(named) <= len(controllers.procs)
     assert {n: p.poll() for n, p in controllers.procs.items()} == {"ctl-a": None, "ctl-b": None}
     assert all(http_get(controllers, n, "/readyz")[0] == 200 for n in controllers.procs)
     assert ips_of(core, ns, "before") == before
@@ -590,3 +589,38 @@ def test_a_controller_started_with_a_bad_file_stays_up_unready_and_becomes_ready
         assert proc.poll() is None
     finally:
         controllers.stop("ctl-c")
+
+
+def test_an_ipv6_service_never_gets_the_subnet_router_anycast_address(
+    core: client.CoreV1Api, controllers: ControllerSet
+) -> None:
+    """Issue 19 item 6: the first IPv6 address handed out was 2001:db8:0:10:: (a /64's)."""
+    anycast = {
+        "name": "anycast",
+        # A /64 whose anycast is its first address, and a /126 mid-/64 (it may be a link).
+        "addresses": ["2001:db8:300::/64", "2001:db8:301::100/126"],
+        "autoAssign": False,
+    }
+    controllers.write_config({"pools": [*POOLS, anycast]})
+    ns = make_ns(core, "anycast")
+    v6 = ["IPv6"]
+    try:
+        wide = {"nodelb.io/ip-pool": "anycast"}
+        create_svc(core, ns, lb_service("first", families=v6, annotations=wide))
+        # Named before the reload sees the pool, it gets UnknownPool first, then an address.
+        got = wait_until(lambda: ips_of(core, ns, "first"), 30, "first's address")
+        assert got == ["2001:db8:300::1"], got  # not 2001:db8:300::
+        asked = {"nodelb.io/load-balancer-ips": "2001:db8:301::100"}
+        create_svc(core, ns, lb_service("asks", families=v6, annotations=asked))
+        found = wait_until(
+            lambda: events(core, ns, "asks", "IPRequestInvalid"), 30, "the request refused"
+        )
+        assert "2001:db8:301::100" in found[0]["message"]
+        narrow = {"nodelb.io/load-balancer-ips": "2001:db8:301::101"}
+        create_svc(core, ns, lb_service("beside", families=v6, annotations=narrow))
+        assert wait_until(lambda: ips_of(core, ns, "beside"), 30, "beside's address") == [
+            "2001:db8:301::101"
+        ]
+        assert ips_of(core, ns, "asks") == []
+    finally:
+        controllers.write_config(CONFIG)
