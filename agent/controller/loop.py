@@ -370,6 +370,7 @@ class Controller:
             )
             if verdict is ConfigVerdict.UNCHANGED and self._refused is not None:
                 self._refused = None  # the file is back to the configuration in force
+                metrics.CONFIG_REFUSED.set(0)
                 self._config_event("Normal", "ConfigLoaded", "configuration in force restored")
             if verdict is not ConfigVerdict.CHECK:
                 return False
@@ -388,6 +389,7 @@ class Controller:
         if self._refused is not None:
             self._config_event("Normal", "ConfigLoaded", "configuration loaded")
         self._refused = None
+        metrics.CONFIG_REFUSED.set(0)
         changed = cfg != self._config
         self._config, self._config_digest = cfg, digest
         if not changed:
@@ -401,6 +403,7 @@ class Controller:
         """Remember a refusal; report it (log, metric, Event) unless it was reported already."""
         refused = refuse(self._refused, digest=digest, message=message, now=now)
         self._refused = refused.refusal
+        metrics.CONFIG_REFUSED.set(1)
         kept = "not ready until it is fixed" if initial else "keeping the previous one"
         if initial:
             self._unready = f"configuration refused: {message}"

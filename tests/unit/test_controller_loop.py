@@ -491,6 +491,7 @@ def test_a_wrongly_typed_reload_is_refused_once_with_an_event_and_the_old_pools_
         a.ctl.elector.step()
         a.ctl.step()
     assert metric("nodelb_config_reloads_total", result="error") == errors + 1
+    assert metric("nodelb_config_refused") == 1.0
     assert _config_events(a) == [("ConfigRefused", "ConfigMap", "nodelb-config")]
     refusal = next(e for e in a.events.events if e.reason == "ConfigRefused")
     assert refusal.type == "Warning" and "pools[0] (main).addresses" in refusal.message
@@ -505,6 +506,7 @@ def test_a_wrongly_typed_reload_is_refused_once_with_an_event_and_the_old_pools_
     a.ctl.elector.step()
     a.ctl.step()
     assert _config_events(a)[1:] == [("ConfigLoaded", "ConfigMap", "nodelb-config")]
+    assert metric("nodelb_config_refused") == 0.0
 
 
 @pytest.mark.parametrize(
