@@ -543,6 +543,7 @@ def test_a_wrongly_typed_reload_is_refused_with_an_event_and_allocation_continue
     assert ipaddress.ip_address(during[0]) in ipaddress.ip_network("198.19.0.0/22")
     observe(5.0, "two more reload periods of the same refused file")
     assert refusals(controllers, leader) == counted + 1  # reported once
+    assert "nodelb_config_refused 1.0" in scrape(controllers, leader)
     named = [e for e in config_events(core, "ConfigRefused") if wrong in e["message"]]
     assert {e.get("count", 1) for e in named} == {1}  # one Event per replica, never repeated
     assert len(named) <= len(controllers.procs)
@@ -551,6 +552,9 @@ def test_a_wrongly_typed_reload_is_refused_with_an_event_and_allocation_continue
     assert ips_of(core, ns, "before") == before
     controllers.write_config(CONFIG)
     wait_until(lambda: len(config_events(core, "ConfigLoaded")) > 0, 30, "ConfigLoaded once fixed")
+    wait_until(
+        lambda: "nodelb_config_refused 0.0" in scrape(controllers, leader), 30, "gauge cleared"
+    )
 
 
 def test_a_controller_started_with_a_bad_file_stays_up_unready_and_becomes_ready_when_fixed(
