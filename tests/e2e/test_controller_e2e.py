@@ -547,7 +547,8 @@ def test_a_wrongly_typed_reload_is_refused_with_an_event_and_allocation_continue
     named = [e for e in config_events(core, "ConfigRefused") if wrong in e["message"]]
     assert {e.get("count", 1) for e in named} == {1}  # one Event per replica, never repeated
     assert len(named) <= len(controllers.procs)
-    assert {n: p.poll() for n, p in controllers.procs.items()} == {"ctl-a": None, "ctl-b": None}
+    alive = {n: p.poll() for n, p in controllers.procs.items()}
+    assert len(alive) == 2 and set(alive.values()) == {None}, alive  # nobody crashed
     assert all(http_get(controllers, n, "/readyz")[0] == 200 for n in controllers.procs)
     assert ips_of(core, ns, "before") == before
     controllers.write_config(CONFIG)
@@ -562,37 +563,37 @@ def test_a_controller_started_with_a_bad_file_stays_up_unready_and_becomes_ready
 ) -> None:
     bad = tmp_path / "bad-config.yaml"
     bad.write_text("")  # empty: accepted as "pools unset" before, and nothing ever happened
-    proc = controllers.start("ctl-c", extra=(f"--config={bad}",))
+    proc = controllers.start("ctl-bad", extra=(f"--config={bad}",))
     try:
 
         def unready_body() -> str | None:
-            code, body = http_get(controllers, "ctl-c", "/readyz")
+            code, body = http_get(controllers, "ctl-bad", "/readyz")
             return body if code == 503 else None
 
-        body = wait_until(unready_body, 30, "ctl-c answering /readyz")
+        body = wait_until(unready_body, 30, "ctl-bad answering /readyz")
         assert body is not None
         assert "configuration refused" in body and "the configuration is empty" in body, body
-        assert "configuration refused" in controllers.log("ctl-c")
+        assert "configuration refused" in controllers.log("ctl-bad")
         observe(3.0, "a few reload periods on the bad file")
         assert proc.poll() is None, "the controller exited on a bad file"
-        assert http_get(controllers, "ctl-c", "/healthz")[0] == 200
-        assert http_get(controllers, "ctl-c", "/readyz")[0] == 503
+        assert http_get(controllers, "ctl-bad", "/healthz")[0] == 200
+        assert http_get(controllers, "ctl-bad", "/readyz")[0] == 503
         bad.write_text("pools: [{name: main, addresses: 5}]\n")  # still bad, another way
         wait_until(
-            lambda: "expected a list" in http_get(controllers, "ctl-c", "/readyz")[1],
+            lambda: "expected a list" in http_get(controllers, "ctl-bad", "/readyz")[1],
             30,
             "the new reason on /readyz",
         )
         controllers.write_config(CONFIG)
         bad.write_text(controllers.config_path.read_text())
         wait_until(
-            lambda: http_get(controllers, "ctl-c", "/readyz") == (200, "ready\n"),
+            lambda: http_get(controllers, "ctl-bad", "/readyz") == (200, "ready\n"),
             30,
-            "ctl-c ready once the file is fixed",
+            "ctl-bad ready once the file is fixed",
         )
         assert proc.poll() is None
     finally:
-        controllers.stop("ctl-c")
+        controllers.stop("ctl-bad")
 
 
 def test_an_ipv6_service_never_gets_the_subnet_router_anycast_address(
