@@ -12,6 +12,7 @@ import socket
 import ssl
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from kubernetes import client
 
 from agent import logs, memory, status_command
 from agent.announce.announcer import Announcer
-from agent.config import AgentConfig, ConfigError
+from agent.config import DEFAULT_METRICS_ADDRESS, AgentConfig, ConfigError
 from agent.config_file import load_config
 from agent.controller.api import KubeControllerAPI
 from agent.controller.leader import ElectionTiming
@@ -31,7 +32,7 @@ from agent.dataplane.libnft import LibNftRunner
 from agent.dataplane.netlink import NetlinkElementSender
 from agent.dataplane.netlink_dump import NetlinkTableReader
 from agent.dataplane.tamper import TamperGuard
-from agent.http_server import HealthServer, parse_addresses
+from agent.http_server import Gate, HealthServer, parse_addresses
 from agent.kube.client import api_client, api_host_addresses
 from agent.kube.contact_probe import ContactProbe
 from agent.kube.event_sender import KubeEventSink
@@ -97,6 +98,84 @@ def run_until_done(loop: threading.Thread) -> None:
         loop.join(timeout=0.5)
 
 
+class Crashes:
+    """The uncaught exceptions of a process's threads: the first one stops the process.
+
+    A thread that dies of an exception would otherwise leave the process running without it
+    (the announcer, the tamper guard) or ending with status 0 once its loop is gone, which a
+    Deployment treats as a clean exit. `exit_code` is 1 once any guarded thread crashed.
+    """
+
+    def __init__(self, stop: threading.Event, log: logging.Logger) -> None:
+        self._stop = stop
+        self._log = log
+        self.crashed: list[str] = []
+
+    def guard(
+        self, name: str, target: Callable[[threading.Event], None]
+    ) -> Callable[[threading.Event], None]:
+        """Return `target` wrapped so that an exception is logged and stops the process."""
+
+        def run(stop: threading.Event) -> None:
+            try:
+                target(stop)
+            except BaseException:
+                self._log.exception("thread crashed; stopping", extra={"thread_name": name})
+                self.crashed.append(name)
+                self._stop.set()
+
+        return run
+
+    @property
+    def exit_code(self) -> int:
+        """Return the process's exit status: 1 when a thread crashed, else 0."""
+        return 1 if self.crashed else 0
+
+
+def wait_for_config(
+    args: argparse.Namespace,
+    stop: threading.Event,
+    log: logging.Logger,
+    *,
+    gate: Gate,
+    tls_for: Callable[[str], ssl.SSLContext | None],
+    period: float = 2.0,
+) -> AgentConfig | None:
+    """Return the agent's config once the file holds a valid one (None: stopped first).
+
+    A refused file leaves the agent running and unready: /healthz answers 200 and /readyz 503
+    with the reason, on --metrics-address or the default address (the file's own is unknown
+    until it is valid), and the file is read again every `period` seconds. Each distinct
+    refusal is logged once.
+    """
+    try:
+        return load_config(args.config, node_name=args.node_name)
+    except ConfigError as exc:
+        reason = [str(exc)]
+    log.error("configuration refused; not ready until it is fixed: %s", reason[0])
+    address = args.metrics_address or DEFAULT_METRICS_ADDRESS
+    health = HealthServer(
+        address,
+        alive=lambda: True,
+        ready=lambda: False,
+        why_not_ready=lambda: f"configuration refused: {reason[0]}",
+        gate=gate,  # /metrics stays behind its token while the file is refused
+        tls=tls_for(address),
+    )
+    health.run()
+    try:
+        while not stop.wait(period):
+            try:
+                return load_config(args.config, node_name=args.node_name)
+            except ConfigError as exc:
+                if str(exc) != reason[0]:
+                    reason[0] = str(exc)
+                    log.error("configuration refused; not ready until it is fixed: %s", exc)
+        return None
+    finally:
+        health.close()
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     """Run the node agent until SIGTERM/SIGINT."""
     # Before any thread starts: threads keep the malloc arena they first got.
@@ -109,10 +188,15 @@ def cmd_agent(args: argparse.Namespace) -> int:
     logs.setup(args.log_level, args.log_format)
     log = logging.getLogger("nodelb.agent")
     log.debug("malloc arenas", extra={"arena_max": arenas})
-    cfg = load_config(args.config, node_name=args.node_name)
+    stop = threading.Event()
+    stop_on_signals(stop, log)
+    api = api_client(args.kubeconfig)
+    gate = AccessGate(KubeReviewer(api))
+    cfg = wait_for_config(args, stop, log, gate=gate, tls_for=functools.partial(metrics_tls, args))
+    if cfg is None:
+        return 0  # asked to stop while waiting for a valid configuration
     if not cfg.node_name:
         raise ConfigError("the node name is unset: pass --node-name or set $NODE_NAME")
-    api = api_client(args.kubeconfig)
     events = KubeEventSink(client.CoreV1Api(api), component="nodelb-agent", host=cfg.node_name)
     # Element-only changes go out as raw netlink batches: libnftables would first fetch every
     # table in the namespace (kube-proxy's too), hundreds of ms at 10k Services.
@@ -163,10 +247,14 @@ def cmd_agent(args: argparse.Namespace) -> int:
     held_changed.append(agent.held_changed)
     # Says within seconds when the API stops answering; the announcer then takes nothing new.
     probe = ContactProbe(api, on_change=announcer.set_cut_off if announcer else lambda c: None)
-    stop = threading.Event()
-    loop = threading.Thread(target=agent.run, args=(stop,), name="agent", daemon=True)
+    crashes = Crashes(stop, log)
+    loop = threading.Thread(
+        target=crashes.guard("agent", agent.run), args=(stop,), name="agent", daemon=True
+    )
     helpers = [
-        threading.Thread(target=runner.run, args=(stop,), name=name, daemon=True)
+        threading.Thread(
+            target=crashes.guard(name, runner.run), args=(stop,), name=name, daemon=True
+        )
         for name, runner in (
             ("announcer", announcer),
             ("reporter", reporter),
@@ -181,11 +269,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
         alive=loop.is_alive,
         ready=agent.ready.is_set,
         status=agent.status_document,
-        gate=AccessGate(KubeReviewer(api)),
+        gate=gate,
         tls=metrics_tls(args, address),
     )
 
-    stop_on_signals(stop, log)
     events.run()
     health.run()
     log.info("agent starting", extra={"node": cfg.node_name, "metrics_port": health.port})
@@ -206,8 +293,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     events.close()
     # The table stays in place: a restarted agent takes it over in one transaction, and
     # traffic keeps flowing meanwhile. `nodelb cleanup` removes it.
-    log.info("agent stopped")
-    return 0
+    log.info("agent stopped", extra={"crashed": crashes.crashed})
+    return crashes.exit_code
 
 
 def node_reporter(api: Any, cfg: AgentConfig, announcer: Announcer) -> NodeReporter:
@@ -249,20 +336,31 @@ def cmd_controller(args: argparse.Namespace) -> int:
         retry_period=args.retry_period,
     )
     settings = ControllerSettings(
-        namespace=args.namespace, identity=identity, config_path=args.config, election=timing
+        namespace=args.namespace,
+        identity=identity,
+        config_path=args.config,
+        election=timing,
+        config_map=args.config_map,
     )
     # Four watches, the Lease, the status writers and the Event sender each hold a connection.
     api = api_client(args.kubeconfig, pool_size=9 + settings.write_concurrency)
     events = KubeEventSink(client.CoreV1Api(api), component="nodelb-controller", host=identity)
     controller = Controller(KubeControllerAPI(api), settings, events=events)
     stop = threading.Event()
-    loop = threading.Thread(target=controller.run, args=(stop,), name="controller", daemon=True)
+    crashes = Crashes(stop, log)
+    loop = threading.Thread(
+        target=crashes.guard("controller", controller.run),
+        args=(stop,),
+        name="controller",
+        daemon=True,
+    )
     health = HealthServer(
         args.metrics_address,
         alive=loop.is_alive,
         ready=controller.ready.is_set,
         gate=AccessGate(KubeReviewer(api)),
         tls=metrics_tls(args, args.metrics_address),
+        why_not_ready=controller.unready_reason,
     )
 
     stop_on_signals(stop, log)
@@ -272,8 +370,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
     run_until_done(loop)
     health.close()
     events.close()
-    log.info("controller stopped")
-    return 0
+    log.info("controller stopped", extra={"crashed": crashes.crashed})
+    return crashes.exit_code
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
@@ -386,6 +484,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, default=None, help="the shared config file")
     p.add_argument("--kubeconfig", type=Path, default=None, help="default: in-cluster")
     p.add_argument("--namespace", default="nodelb-system", help="where the Leases live")
+    p.add_argument(
+        "--config-map",
+        default="nodelb-config",
+        help="the ConfigMap (in --namespace) the config file comes from: refusals are its Events",
+    )
     p.add_argument("--identity", default=None, help="default: $POD_NAME, else host-pid")
     p.add_argument("--metrics-address", default="0.0.0.0:9473,[::]:9473")
     add_metrics_tls_arguments(p, "/tmp/nodelb-controller-metrics.crt")

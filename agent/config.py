@@ -11,16 +11,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.announce.settings import AnnounceConfigError, AnnounceSettings, parse_announce
+from agent.announce.settings import AnnounceSettings, parse_announce
+from agent.model.config_values import (
+    ConfigError,
+    boolean,
+    known_keys,
+    mapping,
+    number,
+    section,
+    string,
+    string_list,
+    wrong,
+)
 from agent.model.net import IPNetwork
-from agent.model.pools import PoolError, parse_block
+from agent.model.pools import Forbidden, parse_pools
 from agent.model.service_class import DEFAULT_CLASS
 
 DEFAULT_METRICS_ADDRESS = "0.0.0.0:9472,[::]:9472"  # both families, one socket each
 
-
-class ConfigError(ValueError):
-    """The configuration is invalid; the message names the key and the bad value."""
+__all__ = ["AgentConfig", "ConfigError", "Pool", "SyncTiming", "parse_config"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,104 +70,95 @@ class AgentConfig:
     announce: AnnounceSettings = field(default_factory=AnnounceSettings)
 
 
-def _networks(value: Any, key: str) -> tuple[IPNetwork, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise ConfigError(f"{key}: expected a list of CIDRs, got {value!r}")
+def _networks(raw: Mapping[str, Any], key: str) -> tuple[IPNetwork, ...]:
     out: list[IPNetwork] = []
-    for i, item in enumerate(value):
+    for i, item in enumerate(string_list(raw, key, key)):
         try:
-            out.append(ipaddress.ip_network(str(item), strict=True))
+            out.append(ipaddress.ip_network(item, strict=True))
         except ValueError as exc:
             raise ConfigError(f"{key}[{i}]: {item!r} is not a CIDR ({exc})") from None
     return tuple(out)
 
 
-def _pools(value: Any) -> tuple[Pool, ...]:
-    if value is None:
+def _pools(raw: Mapping[str, Any]) -> tuple[Pool, ...]:
+    """Return the pools' names and networks, validated as the controller validates them
+    (without the cluster's addresses, which only the controller reads): one file, one verdict."""
+    pools = parse_pools(raw.get("pools"), forbidden=Forbidden())
+    if pools is None:
         return ()
-    if not isinstance(value, list):
-        raise ConfigError(f"pools: expected a list, got {value!r}")
-    pools: list[Pool] = []
-    for i, item in enumerate(value):
-        if not isinstance(item, Mapping) or not item.get("name"):
-            raise ConfigError(f"pools[{i}]: each pool needs a name")
-        nets: list[IPNetwork] = []
-        for j, block in enumerate(item.get("addresses") or []):
-            try:
-                nets.extend(parse_block(str(block), f"pools[{i}].addresses[{j}]"))
-            except PoolError as exc:
-                raise ConfigError(str(exc)) from None
-        if not nets:
-            raise ConfigError(f"pools[{i}] ({item['name']}): no addresses")
-        pools.append(Pool(name=str(item["name"]), networks=tuple(nets)))
-    return tuple(pools)
+    return tuple(Pool(name=p.name, networks=p.networks) for p in pools.pools)
 
 
-def _seconds(raw: Mapping[str, Any], key: str, default: float) -> float:
-    value = raw.get(key, default)
-    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"sync.{key}: expected a non-negative number of seconds, got {value!r}")
-    return float(value)
+# The longest period a setting may name: beyond it a typo (seconds for milliseconds) is likelier.
+MAX_SECONDS = 7 * 86400.0
+
+KNOWN_KEYS = frozenset(
+    {
+        "nodeName",
+        "loadBalancerClass",
+        "handleClasslessServices",
+        "externalIPCIDRs",
+        "localCIDRs",
+        "serviceCIDRs",
+        "pools",
+        "serveAllIPs",
+        "sync",
+        "metricsAddress",
+        "healthCheckNodePorts",
+        "announce",
+    }
+)
+SYNC_KEYS = frozenset({"minInterval", "fullResyncPeriod", "driftCheckPeriod"})
 
 
-KNOWN_KEYS = {
-    "nodeName",
-    "loadBalancerClass",
-    "handleClasslessServices",
-    "externalIPCIDRs",
-    "localCIDRs",
-    "serviceCIDRs",
-    "pools",
-    "serveAllIPs",
-    "sync",
-    "metricsAddress",
-    "healthCheckNodePorts",
-    "announce",
-}
+def parse_config(raw: Any) -> AgentConfig:
+    """Return the validated AgentConfig for a parsed config document.
 
-
-def parse_config(raw: Mapping[str, Any]) -> AgentConfig:
-    """Return the validated AgentConfig for a parsed config document."""
-    unknown = set(raw) - KNOWN_KEYS
-    if unknown:
-        raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
-    sync_raw = raw.get("sync") or {}
-    if not isinstance(sync_raw, Mapping):
-        raise ConfigError(f"sync: expected a mapping, got {sync_raw!r}")
-    unknown_sync = set(sync_raw) - {"minInterval", "fullResyncPeriod", "driftCheckPeriod"}
-    if unknown_sync:
-        raise ConfigError(f"unknown sync keys: {', '.join(sorted(unknown_sync))}")
+    Raises ConfigError naming the key path and the expected type for any value of the wrong
+    type, shape or range (and PoolError / AnnounceConfigError, both ConfigErrors).
+    """
+    raw = mapping(raw, "the configuration")
+    known_keys(raw, KNOWN_KEYS, "configuration")
+    sync_raw = section(raw, "sync", "sync")
+    known_keys(sync_raw, SYNC_KEYS, "sync")
     d = SyncTiming()
+
+    def seconds(key: str, default: float) -> float:
+        return number(sync_raw, key, default, f"sync.{key}", lo=0.0, hi=MAX_SECONDS)
+
     sync = SyncTiming(
-        min_interval=_seconds(sync_raw, "minInterval", d.min_interval),
-        full_resync_period=_seconds(sync_raw, "fullResyncPeriod", d.full_resync_period),
-        drift_check_period=_seconds(sync_raw, "driftCheckPeriod", d.drift_check_period),
+        min_interval=seconds("minInterval", d.min_interval),
+        full_resync_period=seconds("fullResyncPeriod", d.full_resync_period),
+        drift_check_period=seconds("driftCheckPeriod", d.drift_check_period),
     )
-    lb_class = raw.get("loadBalancerClass", DEFAULT_CLASS)
-    if not isinstance(lb_class, str) or "/" not in lb_class:
+    lb_class = string(raw, "loadBalancerClass", DEFAULT_CLASS, "loadBalancerClass")
+    if "/" not in lb_class:
         raise ConfigError(
             f"loadBalancerClass: {lb_class!r} must be a label-style name such as {DEFAULT_CLASS}"
         )
+    node_name = raw.get("nodeName", "")
+    if not isinstance(node_name, str):
+        raise wrong("nodeName", "a string", node_name)
     return AgentConfig(
-        node_name=str(raw.get("nodeName") or ""),
+        node_name=node_name,
         lb_class=lb_class,
-        handle_classless=bool(raw.get("handleClasslessServices", True)),
-        external_ip_cidrs=_networks(raw.get("externalIPCIDRs"), "externalIPCIDRs"),
-        local_cidrs=_networks(raw.get("localCIDRs"), "localCIDRs"),
-        service_cidrs=_networks(raw.get("serviceCIDRs"), "serviceCIDRs"),
-        pools=_pools(raw.get("pools")),
-        serve_all_ips=bool(raw.get("serveAllIPs", True)),
+        handle_classless=boolean(raw, "handleClasslessServices", True, "handleClasslessServices"),
+        external_ip_cidrs=_networks(raw, "externalIPCIDRs"),
+        local_cidrs=_networks(raw, "localCIDRs"),
+        service_cidrs=_networks(raw, "serviceCIDRs"),
+        pools=_pools(raw),
+        serve_all_ips=boolean(raw, "serveAllIPs", True, "serveAllIPs"),
         sync=sync,
-        metrics_address=str(raw.get("metricsAddress", DEFAULT_METRICS_ADDRESS)),
-        health_check_node_ports=bool(raw.get("healthCheckNodePorts", False)),
-        announce=_announce(raw.get("announce")),
+        metrics_address=_address(raw),
+        health_check_node_ports=boolean(raw, "healthCheckNodePorts", False, "healthCheckNodePorts"),
+        announce=parse_announce(raw.get("announce")),
     )
 
 
-def _announce(raw: Any) -> AnnounceSettings:
-    try:
-        return parse_announce(raw)
-    except AnnounceConfigError as exc:
-        raise ConfigError(str(exc)) from None
+def _address(raw: Mapping[str, Any]) -> str:
+    """Return metricsAddress, checked to be "host:port" with a port in 0..65535."""
+    text = string(raw, "metricsAddress", DEFAULT_METRICS_ADDRESS, "metricsAddress")
+    _, sep, port = text.rpartition(":")
+    if not sep or not (port.isascii() and port.isdigit() and len(port) <= 5) or int(port) > 65535:
+        raise ConfigError(f"metricsAddress: expected host:port, got {text!r}")
+    return text

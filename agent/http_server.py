@@ -1,7 +1,8 @@
 """The HTTP endpoint: /metrics (Prometheus), /healthz, /readyz and (agent) /status, over TLS.
 
 /healthz answers 200 while the main loop is alive; /readyz answers 200 once the caches have
-synced and the first full sync is in the kernel (the DaemonSet's readiness probe), else 503.
+synced and the first full sync is in the kernel (the DaemonSet's readiness probe), else 503
+with the reason when the process gives one (`not ready: configuration refused: ...`).
 Both are open: the kubelet's probes carry no token. /metrics and /status answer only a bearer
 token the `gate` lets through (agent/kube/access.py: TokenReview, then a SubjectAccessReview
 on the path), as kube-rbac-proxy does. Every listen address gets its own socket, so the
@@ -95,6 +96,7 @@ class HealthServer:
         gate: Gate,
         tls: ssl.SSLContext | None,
         status: Callable[[], dict[str, Any]] | None = None,
+        why_not_ready: Callable[[], str] | None = None,
     ) -> None:
         self._addresses = parse_addresses(address)
         self._alive = alive
@@ -102,6 +104,7 @@ class HealthServer:
         self._gate = gate
         self._tls = tls
         self._status = status
+        self._why_not_ready = why_not_ready
         self._servers: list[_Server] = []
         self._threads: list[threading.Thread] = []
 
@@ -123,6 +126,11 @@ class HealthServer:
             self._gate,
             self._tls,
         )
+        why_not_ready = self._why_not_ready
+
+        def not_ready() -> bytes:
+            why = why_not_ready() if why_not_ready is not None else ""
+            return f"not ready: {why}\n".encode() if why else b"not ready\n"
 
         class Handler(BaseHTTPRequestHandler):
             timeout = HANDSHAKE_TIMEOUT
@@ -148,7 +156,7 @@ class HealthServer:
                     self._send(200 if ok else 503, b"ok\n" if ok else b"loop stopped\n")
                 elif path == "/readyz":
                     ok = ready()
-                    self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
+                    self._send(200 if ok else 503, b"ready\n" if ok else not_ready())
                 elif path == "/status" and status is not None:
                     self._send(200, orjson.dumps(status()), "application/json")
                 else:

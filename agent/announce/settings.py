@@ -36,6 +36,20 @@ from agent.announce.ownership import (
 )
 from agent.announce.vrrp.codec import DEFAULT_CHECKSUM_MODE, ChecksumMode
 from agent.announce.vrrp.config import DEFAULT_REFRESH_S, GratuitousConfig
+from agent.model.config_values import (
+    ConfigError,
+    boolean,
+    integer,
+    known_keys,
+    mapping,
+    number,
+    optional_integer,
+    section,
+    string,
+    string_list,
+    string_map,
+    wrong,
+)
 from agent.model.net import IPAddress
 
 KNOWN = {
@@ -57,7 +71,7 @@ KNOWN = {
 }
 
 
-class AnnounceConfigError(ValueError):
+class AnnounceConfigError(ConfigError):
     """The announce section is invalid; the message names the key."""
 
 
@@ -87,123 +101,152 @@ class AnnounceSettings:
     keepalived_peers: frozenset[IPAddress] = frozenset()
 
 
-def _int(raw: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
-    value = raw.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise AnnounceConfigError(
-            f"announce.{key}: expected an integer in {lo}..{hi}, got {value!r}"
-        )
-    return value
-
-
 def _vrids(raw: Mapping[str, Any], key: str) -> VridRange:
-    text = str(raw.get(key, "1-255"))
-    first, sep, last = text.partition("-")
+    where = f"announce.{key}"
+    value = raw.get(key, "1-255")
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)  # a single VRID written as a number
+    if not isinstance(value, str):
+        raise wrong(where, 'a VRID range such as "1-255"', value)
+    first, sep, last = value.partition("-")
     try:
         return VridRange(int(first), int(last if sep else first))
     except ValueError as exc:
-        raise AnnounceConfigError(f"announce.{key}: {text!r} is not a VRID range ({exc})") from None
+        raise AnnounceConfigError(f"{where}: {value!r} is not a VRID range ({exc})") from None
 
 
-def _selector(raw: Any) -> NodeSelector | None:
-    if raw is None:
+def _selector(raw: Mapping[str, Any]) -> NodeSelector | None:
+    if raw.get("nodeSelector") is None:
         return None
-    if not isinstance(raw, Mapping):
-        raise AnnounceConfigError(f"announce.nodeSelector: expected a mapping, got {raw!r}")
-    labels = raw.get("matchLabels") or {}
-    if not isinstance(labels, Mapping):
-        raise AnnounceConfigError("announce.nodeSelector.matchLabels: expected a mapping")
+    where = "announce.nodeSelector"
+    sel = mapping(raw["nodeSelector"], where)
+    known_keys(sel, {"matchLabels", "matchExpressions"}, where)
+    labels = (
+        ()
+        if sel.get("matchLabels") is None
+        else string_map(sel["matchLabels"], f"{where}.matchLabels")
+    )
+    exprs = sel.get("matchExpressions")
+    if exprs is None:
+        exprs = []
+    if not isinstance(exprs, list):
+        raise wrong(f"{where}.matchExpressions", "a list", exprs)
     reqs: list[Requirement] = []
-    for i, expr in enumerate(raw.get("matchExpressions") or []):
-        where = f"announce.nodeSelector.matchExpressions[{i}]"
-        if not isinstance(expr, Mapping) or "key" not in expr:
-            raise AnnounceConfigError(f"{where}: expected a mapping with key and operator")
+    for i, item in enumerate(exprs):
+        at = f"{where}.matchExpressions[{i}]"
+        expr = mapping(item, at)
+        known_keys(expr, {"key", "operator", "values"}, at)
+        key = string(expr, "key", "", f"{at}.key")
+        operator = string(expr, "operator", "", f"{at}.operator")
         try:
-            op = SelectorOperator(str(expr.get("operator")))
+            op = SelectorOperator(operator)
         except ValueError:
             raise AnnounceConfigError(
-                f"{where}.operator: {expr.get('operator')!r} is not one of "
+                f"{at}.operator: {operator!r} is not one of "
                 f"{', '.join(o.value for o in SelectorOperator)}"
             ) from None
-        values = frozenset(str(v) for v in expr.get("values") or ())
+        values = frozenset(string_list(expr, "values", f"{at}.values"))
         try:
-            reqs.append(Requirement(str(expr["key"]), op, values))
+            reqs.append(Requirement(key, op, values))
         except ValueError as exc:
-            raise AnnounceConfigError(f"{where}: {exc}") from None
+            raise AnnounceConfigError(f"{at}: {exc}") from None
     try:
-        return NodeSelector(
-            match_labels=frozenset((str(k), str(v)) for k, v in labels.items()),
-            match_expressions=frozenset(reqs),
+        return NodeSelector(match_labels=frozenset(labels), match_expressions=frozenset(reqs))
+    except ValueError as exc:
+        raise AnnounceConfigError(f"{where}: {exc}") from None
+
+
+def _gratuitous(raw: Mapping[str, Any]) -> GratuitousConfig:
+    where = "announce.gratuitous"
+    g = section(raw, "gratuitous", where)
+    known_keys(g, {"count", "spacingMs", "refreshSeconds"}, where)
+    try:
+        return GratuitousConfig(
+            count=integer(g, "count", 5, f"{where}.count", lo=1, hi=1000),
+            spacing_ms=integer(g, "spacingMs", 200, f"{where}.spacingMs", lo=0, hi=60_000),
+            refresh_s=_refresh(g, f"{where}.refreshSeconds"),
         )
     except ValueError as exc:
-        raise AnnounceConfigError(f"announce.nodeSelector: {exc}") from None
+        if isinstance(exc, ConfigError):
+            raise
+        raise AnnounceConfigError(f"{where}: {exc}") from None
 
 
-def _addresses(raw: Any, key: str) -> frozenset[IPAddress]:
-    if raw is None:
+def _refresh(g: Mapping[str, Any], where: str) -> float | None:
+    """Return the refresh interval: absent, the default; 0 or null, none (only takeovers are
+    announced)."""
+    value = g.get("refreshSeconds", DEFAULT_REFRESH_S)
+    if value is None or (type(value) in (int, float) and value == 0):
+        return None
+    return number(g, "refreshSeconds", DEFAULT_REFRESH_S, where, lo=0.001, hi=86400)
+
+
+def _addresses(raw: Mapping[str, Any], key: str) -> frozenset[IPAddress]:
+    """Return the addresses listed under `key` (absent or null: none)."""
+    if raw.get(key) is None:
         return frozenset()
-    if not isinstance(raw, list):
-        raise AnnounceConfigError(f"announce.{key}: expected a list of addresses, got {raw!r}")
     out: set[IPAddress] = set()
-    for i, item in enumerate(raw):
+    for i, item in enumerate(string_list(raw, key, f"announce.{key}")):
         try:
-            out.add(ipaddress.ip_address(str(item)))
+            out.add(ipaddress.ip_address(item))
         except ValueError:
             raise AnnounceConfigError(f"announce.{key}[{i}]: {item!r} is not an address") from None
     return frozenset(out)
 
 
 def parse_announce(raw: Any) -> AnnounceSettings:
-    """Return the validated announce settings (absent section: announcing off)."""
+    """Return the validated announce settings (absent or null section: announcing off).
+
+    Raises AnnounceConfigError (a ConfigError) naming the key and the expected type.
+    """
     if raw is None:
         return AnnounceSettings()
-    if not isinstance(raw, Mapping):
-        raise AnnounceConfigError(f"announce: expected a mapping, got {raw!r}")
-    unknown = set(raw) - KNOWN
-    if unknown:
-        raise AnnounceConfigError(f"unknown announce keys: {', '.join(sorted(unknown))}")
-    g = raw.get("gratuitous") or {}
-    if not isinstance(g, Mapping):
-        raise AnnounceConfigError("announce.gratuitous: expected a mapping")
     try:
-        mode = ChecksumMode(str(raw.get("checksumMode", DEFAULT_CHECKSUM_MODE)))
+        return _parse(mapping(raw, "announce"))
+    except AnnounceConfigError:
+        raise
+    except ConfigError as exc:
+        raise AnnounceConfigError(str(exc)) from None
+
+
+def _parse(raw: Mapping[str, Any]) -> AnnounceSettings:
+    known_keys(raw, KNOWN, "announce")
+    mode_text = string(raw, "checksumMode", DEFAULT_CHECKSUM_MODE.value, "announce.checksumMode")
+    try:
+        mode = ChecksumMode(mode_text)
     except ValueError:
         raise AnnounceConfigError(
-            f"announce.checksumMode: {raw.get('checksumMode')!r} is not one of "
+            f"announce.checksumMode: {mode_text!r} is not one of "
             f"{', '.join(m.value for m in ChecksumMode)}"
         ) from None
-    # Absent: the default refresh; 0 or null: none (only takeovers are announced).
-    refresh = g.get("refreshSeconds", DEFAULT_REFRESH_S)
     try:
-        gratuitous = GratuitousConfig(
-            count=int(g.get("count", 5)),
-            spacing_ms=int(g.get("spacingMs", 200)),
-            refresh_s=None if refresh is None or refresh == 0 else float(refresh),
-        )
         ownership = OwnershipConfig(
-            selector=_selector(raw.get("nodeSelector")),
+            selector=_selector(raw),
             ipv4_vrids=_vrids(raw, "ipv4VRIDs"),
             ipv6_vrids=_vrids(raw, "ipv6VRIDs"),
         )
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, AnnounceConfigError):
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
             raise
         raise AnnounceConfigError(f"announce: {exc}") from None
-    interface = raw.get("interface", "eth0")
-    if not isinstance(interface, str) or not interface:
-        raise AnnounceConfigError(f"announce.interface: expected a name, got {interface!r}")
+
+    def whole(key: str, default: int, lo: int, hi: int) -> int:
+        return integer(raw, key, default, f"announce.{key}", lo=lo, hi=hi)
+
     return AnnounceSettings(
-        enabled=bool(raw.get("enabled", True)),
-        interface=interface,
-        advert_interval_cs=_int(raw, "advertIntervalCs", 100, 1, 4095),
-        preempt=bool(raw.get("preempt", True)),
-        preempt_delay_cs=_int(raw, "preemptDelayCs", 0, 0, 360000),
+        enabled=boolean(raw, "enabled", True, "announce.enabled"),
+        interface=string(raw, "interface", "eth0", "announce.interface"),
+        advert_interval_cs=whole("advertIntervalCs", 100, 1, 4095),
+        preempt=boolean(raw, "preempt", True, "announce.preempt"),
+        preempt_delay_cs=whole("preemptDelayCs", 0, 0, 360000),
         checksum_mode=mode,
         ownership=ownership,
-        gratuitous=gratuitous,
-        report_namespace=str(raw.get("reportNamespace", "nodelb-system")),
-        report_lease_seconds=_int(raw, "reportLeaseSeconds", 30, 2, 3600),
-        speaker_cpu=None if raw.get("speakerCPU") is None else _int(raw, "speakerCPU", 0, 0, 4095),
-        realtime_priority=_int(raw, "realtimePriority", 0, 0, 99),
-        keepalived_peers=_addresses(raw.get("keepalivedPeers"), "keepalivedPeers"),
+        gratuitous=_gratuitous(raw),
+        report_namespace=string(
+            raw, "reportNamespace", "nodelb-system", "announce.reportNamespace"
+        ),
+        report_lease_seconds=whole("reportLeaseSeconds", 30, 2, 3600),
+        speaker_cpu=optional_integer(raw, "speakerCPU", "announce.speakerCPU", lo=0, hi=4095),
+        realtime_priority=whole("realtimePriority", 0, 0, 99),
+        keepalived_peers=_addresses(raw, "keepalivedPeers"),
     )

@@ -160,8 +160,9 @@ class Allocator:
 
     Pure state: no I/O, no clock. Time arrives as `now` (seconds, any monotonic origin).
     `released` seeds the release times, so a rebuild in the same process (after a pool
-    configuration change) keeps the reuse order; after a real restart they are unknown and
-    every free address counts as never used.
+    configuration change, or when this replica becomes leader again) keeps the reuse order;
+    after a restart of every replica they are unknown and every free address counts as never
+    used (docs/allocation.md says why).
     """
 
     def __init__(self, pools: PoolSet, *, released: Mapping[IPAddress, float] | None = None):
@@ -582,6 +583,29 @@ def _undone(outcome: FamilyOutcome) -> FamilyOutcome:
         outcome.pool,
         outcome.message + " (not kept: another family failed)",
     )
+
+
+def freed_addresses(before: ServiceRequest | None, after: ServiceRequest | None) -> set[IPAddress]:
+    """Return the addresses a Service's status stopped naming between two of its versions.
+
+    What a watch shows of a release, whoever made it: every replica keeps a record of
+    these, so the one that becomes leader knows the reuse order of addresses another freed.
+    `after` None: the Service was deleted (everything it named is free).
+    """
+    if before is None:
+        return set()
+    kept = set(after.current_ips) if after is not None else set()
+    return set(before.current_ips) - kept
+
+
+def latest_releases(*records: Mapping[IPAddress, float]) -> dict[IPAddress, float]:
+    """Return, for every address any record names, the latest release time recorded."""
+    out: dict[IPAddress, float] = {}
+    for record in records:
+        for ip, at in record.items():
+            if at > out.get(ip, float("-inf")):
+                out[ip] = at
+    return out
 
 
 def rebuild(

@@ -21,21 +21,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from agent.config import AgentConfig, ConfigError, parse_config
 from agent.model.net import IPAddress, IPNetwork
-from agent.model.pools import Forbidden, PoolError, PoolSet, parse_pools
+from agent.model.pools import Forbidden, PoolSet, parse_pools
 
 REFUSED_RECHECK = 60.0  # seconds before unchanged refused content is checked again
 
 
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
-    """The shared settings plus the validated pools (None: pools are not configured at all)."""
+    """The shared settings plus the validated pools (empty: allocate, with nothing to give)."""
 
     agent: AgentConfig
-    pools: PoolSet | None
+    pools: PoolSet
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +61,15 @@ class Refused:
     report: bool
 
 
-def config_digest(raw: Mapping[str, Any]) -> bytes:
-    """Return a digest of the parsed file's content (key order and formatting do not count)."""
-    return hashlib.sha256(orjson.dumps(raw, option=orjson.OPT_SORT_KEYS)).digest()
+def config_digest(data: bytes) -> bytes:
+    """Return a digest of the file's bytes.
+
+    The bytes, not the parsed document: a document of the wrong shape (non-string keys, a
+    date, an alias expanding a thousand times) has no canonical form, and a refusal must be
+    remembered too. A file only reformatted is checked again and, equal to what is loaded,
+    changes nothing.
+    """
+    return hashlib.sha256(data).digest()
 
 
 def config_verdict(
@@ -127,16 +131,23 @@ def _key(ip: IPAddress) -> tuple[int, int]:
 def parse_controller_config(
     raw: Mapping[str, Any], *, cluster: ClusterAddresses
 ) -> ControllerConfig:
-    """Return the validated controller config; ConfigError naming the key on any problem."""
+    """Return the validated controller config; ConfigError naming the key on any problem.
+
+    `pools` must be set: a controller without them would leave every new Service without an
+    address, an Event or a condition. `pools: []` says "allocate nothing" on purpose.
+    """
     agent = parse_config(raw)
+    if raw.get("pools") is None:
+        raise ConfigError(
+            "pools: not set; the controller allocates from pools (write `pools: []` to run "
+            "it with none)"
+        )
     pod_cidrs = agent.local_cidrs or cluster.pod_cidrs
     forbidden = Forbidden(
         node_addresses=cluster.node_addresses,
         pod_cidrs=pod_cidrs,
         service_cidrs=agent.service_cidrs,
     )
-    try:
-        pools = parse_pools(raw.get("pools"), forbidden=forbidden)
-    except PoolError as exc:
-        raise ConfigError(str(exc)) from None
+    pools = parse_pools(raw["pools"], forbidden=forbidden)
+    assert pools is not None  # set: checked above
     return ControllerConfig(agent=agent, pools=pools)

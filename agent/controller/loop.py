@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import ConfigError
-from agent.config_file import read_document
+from agent.config_file import parse_document, read_bytes
 from agent.controller import metrics
-from agent.controller.allocator import Allocator
+from agent.controller.allocator import Allocator, freed_addresses, latest_releases
 from agent.controller.api import APIError, Clock, ControllerAPI, PatchResult, SystemClock
 from agent.controller.config import (
     ConfigVerdict,
@@ -80,7 +80,7 @@ from agent.controller.reconcile import (
 from agent.controller.servability import SliceSummary, Unservable, summarize_slice
 from agent.controller.service_status import ServiceView, parse_view
 from agent.controller.writes import RetryDelays, WriteOutcome, WritesInFlight
-from agent.kube.events import Event, EventGate, EventSink
+from agent.kube.events import Event, EventGate, EventSink, ObjectRef
 from agent.kube.node_report import NodeReport, parse_report
 from agent.kube.reflector import Reflector
 from agent.kube.store import Change, Store
@@ -92,6 +92,7 @@ LEASE_NAME = "nodelb-controller"
 METRICS_PERIOD = 1.0  # seconds between two exports of the pool gauges
 MAX_WAIT = 1.0  # seconds the loop sleeps at most with nothing due
 SERVING_REASONS = frozenset(r.value for r in Unservable)
+EVENT_MESSAGE_MAX = 1000  # characters of a refusal kept in its Event (a long one is cut)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,9 @@ class ControllerSettings:
     identity: str
     config_path: Path | None
     election: ElectionTiming = field(default_factory=ElectionTiming)
+    # The ConfigMap the config file is mounted from (in `namespace`): refusals are Events on it,
+    # where the operator who edited it looks (`kubectl describe configmap`, `get events`).
+    config_map: str = "nodelb-config"
     reload_period: float = 2.0
     conflict_retry: float = 1.0
     error_retry: float = 5.0
@@ -156,12 +160,16 @@ class Controller:
         self._writes = WritesInFlight()
         self._completions: list[tuple[StatusWrite, WriteOutcome]] = []
         self._allocator: Allocator | None = None
-        self._released: dict[IPAddress, float] = {}  # seeds the next rebuild's reuse order
+        # When each free address was released, as far as this replica knows: what its own
+        # allocator released (kept when the allocator is dropped: a reload, a lost Lease) and
+        # what the watch showed other leaders release. Seeds the next rebuild's reuse order.
+        self._released: dict[IPAddress, float] = {}
         self._reallocated: dict[str, str] = {}
         self._serving: frozenset[IPAddress] = frozenset()
         self._config: ControllerConfig | None = None
         self._config_digest = b""
         self._refused: Refusal | None = None
+        self._unready = "waiting for a valid configuration"
         self._next_reload = 0.0
         self._next_metrics = 0.0
         self.services: Store[ServiceView] = Store(self._parse_view)
@@ -224,7 +232,18 @@ class Controller:
         return parse_view(obj, lb_class=lb_class, handle_classless=classless)
 
     def on_services(self, changes: list[Change[ServiceView]]) -> None:
-        """Mark the changed Services (reflector thread)."""
+        """Mark the changed Services and note the addresses they freed (reflector thread)."""
+        now = self._clock.monotonic()
+        freed = {
+            ip: now
+            for c in changes
+            for ip in freed_addresses(
+                c.old.request if c.old else None, c.new.request if c.new else None
+            )
+        }
+        with self._cond:
+            if freed:
+                self._released.update(freed)
         self._mark(c.key for c in changes)
 
     def on_namespaces(self, changes: list[Change[Labels]]) -> None:
@@ -268,8 +287,21 @@ class Controller:
     # -- loop ------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Load the config, start watches and the election, and work until `stop` is set."""
-        self._load_config(initial=True)
+        """Load the config, start watches and the election, and work until `stop` is set.
+
+        Until the file holds a valid configuration the controller stays up and unready
+        (`unready_reason` says why), takes no part in the election (a replica that cannot
+        allocate must not hold the Lease) and reads the file again every reload period.
+        """
+        while not stop.is_set() and self._config is None:
+            self._load_config()
+            if self._config is None:
+                stop.wait(self._settings.reload_period)
+        if stop.is_set():
+            self._writer.shutdown(wait=True, cancel_futures=True)
+            return
+        self._next_reload = self._clock.monotonic() + self._settings.reload_period
+        self._unready = "waiting for the Service, Namespace and report caches to sync"
         threads = [
             threading.Thread(target=r.run, args=(stop,), name=f"watch-{r.name}", daemon=True)
             for r in self._reflectors
@@ -282,6 +314,7 @@ class Controller:
         try:
             while not stop.is_set() and not all(r.synced.is_set() for r in self._reflectors):
                 stop.wait(0.05)
+            self._unready = ""
             self.ready.set()
             while not stop.is_set():
                 self._wait()
@@ -322,17 +355,16 @@ class Controller:
         now = self._clock.monotonic()
         if now >= self._next_reload:
             self._next_reload = now + self._settings.reload_period
-            if self._load_config(initial=False) and self._allocator is not None:
+            if self._load_config() and self._allocator is not None:
                 # Pools changed: rebuild from the API, keeping the reuse order of what was freed.
-                self._released = dict(self._allocator.release_times())
-                self._allocator = None
+                self._drop_allocator()
         if not self.elector.is_leader():
             if self._allocator is not None:
                 log.info("not the leader any more; dropping allocation state")
-                self._allocator = None
+                self._drop_allocator()
             return
-        if self._config is None or self._config.pools is None:
-            return  # pools unset: nodelb does not allocate
+        if self._config is None:
+            return  # no valid configuration yet: nothing to allocate from
         if self._allocator is None:
             keys |= self._rebuild()
             reports_changed = True
@@ -354,19 +386,27 @@ class Controller:
 
     # -- configuration ---------------------------------------------------------------------
 
-    def _load_config(self, *, initial: bool) -> bool:
-        """Return True when a new, valid configuration was loaded (keeps the old on error).
+    def unready_reason(self) -> str:
+        """Return why the controller is not ready ("" when it is): what /readyz says."""
+        return self._unready
 
-        What a reload does with what it read is `config_verdict`'s and `refuse`'s decision
-        (agent/controller/config.py): unchanged content costs nothing, a refusal is reported
-        once, and refused content is checked against the Nodes again only now and then.
+    def _load_config(self) -> bool:
+        """Return True when a new, valid configuration replaced one in force.
+
+        Never raises: a file that cannot be read or is refused keeps the configuration in
+        force (at start: none, and the controller stays unready). What a reload does with what
+        it read is `config_verdict`'s and `refuse`'s decision (agent/controller/config.py):
+        unchanged content costs nothing, a refusal is reported once (log line, metric, a
+        Warning Event on the ConfigMap), and refused content is checked against the Nodes
+        again only now and then.
         """
         path = self._settings.config_path
         now = self._clock.monotonic()
+        initial = self._config is None
         digest = b""
         try:
-            raw = read_document(path) if path is not None else {}
-            digest = config_digest(raw)
+            data = read_bytes(path) if path is not None else b"{}"  # no file: defaults
+            digest = config_digest(data)
             verdict = config_verdict(
                 digest,
                 loaded=self._config_digest,
@@ -374,43 +414,71 @@ class Controller:
                 initial=initial,
                 now=now,
             )
+            if verdict is ConfigVerdict.UNCHANGED and self._refused is not None:
+                self._refused = None  # the file is back to the configuration in force
+                metrics.CONFIG_REFUSED.set(0)
+                self._config_event("Normal", "ConfigLoaded", "configuration in force restored")
             if verdict is not ConfigVerdict.CHECK:
                 return False
+            raw = parse_document(data, path or "the configuration")
             cluster = cluster_addresses(self._api.list_nodes())
             cfg = parse_controller_config(raw, cluster=cluster)
         except ConfigError as exc:
-            refused = refuse(self._refused, digest=digest, message=str(exc), now=now)
-            self._refused = refused.refusal
-            if refused.report:
-                metrics.CONFIG_RELOADS.labels("error").inc()
-                log.error("configuration refused; keeping the previous one: %s", exc)
-            if initial and self._config is None:
-                raise
+            self._refuse(digest, str(exc), now=now, initial=initial)
             return False
         except APIError as exc:  # could not check it: try again at the next period
             metrics.CONFIG_RELOADS.labels("error").inc()
             log.error("configuration not checked; keeping the previous one: %s", exc)
-            if initial and self._config is None:
-                raise
+            if initial:
+                self._unready = f"configuration not checked: {exc}"
             return False
+        if self._refused is not None:
+            self._config_event("Normal", "ConfigLoaded", "configuration loaded")
         self._refused = None
+        metrics.CONFIG_REFUSED.set(0)
+        changed = cfg != self._config
         self._config, self._config_digest = cfg, digest
+        if not changed:
+            return False  # the same settings written differently: nothing to rebuild
         metrics.CONFIG_RELOADS.labels("ok").inc()
-        pools = "unset" if cfg.pools is None else ", ".join(p.name for p in cfg.pools.pools)
+        pools = ", ".join(p.name for p in cfg.pools.pools) or "none"
         log.info("configuration loaded", extra={"pools": pools})
         return not initial
+
+    def _refuse(self, digest: bytes, message: str, *, now: float, initial: bool) -> None:
+        """Remember a refusal; report it (log, metric, Event) unless it was reported already."""
+        refused = refuse(self._refused, digest=digest, message=message, now=now)
+        self._refused = refused.refusal
+        metrics.CONFIG_REFUSED.set(1)
+        kept = "not ready until it is fixed" if initial else "keeping the previous one"
+        if initial:
+            self._unready = f"configuration refused: {message}"
+        if refused.report:
+            metrics.CONFIG_RELOADS.labels("error").inc()
+            log.error("configuration refused; %s: %s", kept, message)
+            self._config_event(
+                "Warning", "ConfigRefused", f"configuration refused; {kept}: {message}"
+            )
+
+    def _config_event(self, kind: str, reason: str, message: str) -> None:
+        if len(message) > EVENT_MESSAGE_MAX:
+            message = message[: EVENT_MESSAGE_MAX - 3] + "..."
+        ref = ObjectRef("ConfigMap", self._settings.namespace, self._settings.config_map)
+        self._events.record(Event(ref, kind, reason, message))
 
     # -- allocation ------------------------------------------------------------------------
 
     def _rebuild(self) -> set[str]:
         """Rebuild the allocator from a fresh LIST; return every Service key to (re)process."""
-        assert self._config is not None and self._config.pools is not None
+        assert self._config is not None
         views = [self._parse_view(obj) for obj in self._api.list_services()]
+        with self._cond:
+            released = dict(self._released)
         adoption = adopt(
             views,
             pools=self._config.pools,
             namespace_labels=self._labels_of,
-            released=self._released,
+            released=released,
         )
         for moved in adoption.reallocations:
             metrics.REALLOCATIONS.labels(moved.reason).inc()
@@ -421,6 +489,13 @@ class Controller:
         self._timers = RetryTimers()
         log.info("allocation state rebuilt", extra={"services": len(views)})
         return set(adoption.keys)
+
+    def _drop_allocator(self) -> None:
+        """Forget the allocation state, keeping its release times for the next rebuild."""
+        assert self._allocator is not None
+        with self._cond:
+            self._released = latest_releases(self._released, self._allocator.release_times())
+        self._allocator = None
 
     def _labels_of(self, namespace: str) -> Labels:
         return self.namespaces.get(namespace) or ()

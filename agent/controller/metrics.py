@@ -51,3 +51,7 @@ REPORTS_REFUSED = Gauge(
 CONFIG_RELOADS = Counter(
     "nodelb_config_reloads_total", "Configuration (re)loads, by result (ok, error)", ["result"]
 )
+CONFIG_REFUSED = Gauge(
+    "nodelb_config_refused",
+    "1 while the config file in place is refused (the previous config, or none, stays in force)",
+)

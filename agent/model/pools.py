@@ -9,7 +9,13 @@ with optional restrictions on which Services may draw from it:
 - ``autoAssign`` (default true): false means the pool only serves Services that name it
   (``nodelb.io/ip-pool``) or ask for one of its addresses;
 - ``avoidBuggyIPs`` (default false): skip IPv4 addresses ending in .0 or .255, which some CPE
-  firmwares drop as broadcast (IPv6 is unaffected).
+  firmwares drop as broadcast (IPv6 has no broadcast: the option does not apply to it);
+- ``allowSubnetRouterAnycast`` (default false): IPv6 pools never hand out a Subnet-Router
+  anycast address (RFC 4291 §2.6.1: a subnet prefix with an all-zero interface identifier,
+  which every router on the link answers for) unless this is true. Which addresses those are
+  is `is_subnet_router_anycast`: every address whose 64-bit interface identifier is zero,
+  and the first address of each IPv6 CIDR block of a pool longer than /64 (and shorter than
+  /128), since such a block may be the link's own prefix.
 
 `parse_pools` validates once, with errors naming the pool and the field: malformed blocks,
 empty pools, pools overlapping one another (or themselves), and pools overlapping the
@@ -26,10 +32,19 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.model.config_values import (
+    ConfigError,
+    boolean,
+    describe,
+    mapping,
+    string_list,
+    string_map,
+    wrong,
+)
 from agent.model.net import IPAddress, IPNetwork
 
 
-class PoolError(ValueError):
+class PoolError(ConfigError):
     """The pool configuration is invalid; the message names the pool and the field."""
 
 
@@ -58,6 +73,30 @@ def is_buggy(ip: IPAddress) -> bool:
     return ip.version == 4 and int(ip) & 0xFF in (0, 255)
 
 
+_IID = (1 << 64) - 1  # the interface identifier: the low 64 bits of an IPv6 unicast address
+
+
+def is_subnet_router_anycast(ip: IPAddress, block_starts: frozenset[IPAddress]) -> bool:
+    """Return True when `ip` is (or may be) a Subnet-Router anycast address (RFC 4291 §2.6.1).
+
+    That is an IPv6 address whose 64-bit interface identifier is all zeros (the anycast
+    address of its /64), or one of `block_starts`: the first addresses of a pool's CIDR
+    blocks longer than /64, each of which may be the prefix of its link. IPv4 has none.
+    """
+    return ip.version == 6 and (int(ip) & _IID == 0 or ip in block_starts)
+
+
+def anycast_block_start(net: IPNetwork) -> IPAddress | None:
+    """Return the first address of an IPv6 CIDR block longer than /64 and shorter than /128.
+
+    None otherwise: a /64 or shorter has its anycast addresses at zero interface identifiers
+    already, a /128 is one host, not a subnet, and IPv4 has no anycast address.
+    """
+    if net.version == 6 and 64 < net.prefixlen < 128:
+        return net.network_address
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class AddressPool:
     """One validated pool; `networks` are disjoint and sorted by family, then address."""
@@ -66,6 +105,9 @@ class AddressPool:
     networks: tuple[IPNetwork, ...]
     auto_assign: bool = True
     avoid_buggy_ips: bool = False
+    allow_subnet_router_anycast: bool = False
+    # The first addresses of the pool's IPv6 CIDR blocks longer than /64 (anycast_block_start).
+    block_starts: frozenset[IPAddress] = frozenset()
     namespaces: tuple[str, ...] = ()
     namespace_selector: LabelSelector | None = None
     service_selector: LabelSelector | None = None
@@ -79,9 +121,17 @@ class AddressPool:
         """Return the IP versions (4, 6) this pool has addresses for."""
         return frozenset(n.version for n in self.networks)
 
+    def avoids(self, ip: IPAddress) -> bool:
+        """Return True when the pool never hands `ip` out (avoided .0/.255, IPv6 anycast)."""
+        if self.avoid_buggy_ips and is_buggy(ip):
+            return True
+        return not self.allow_subnet_router_anycast and is_subnet_router_anycast(
+            ip, self.block_starts
+        )
+
     def contains(self, ip: IPAddress) -> bool:
         """Return True when `ip` is an address this pool may hand out."""
-        if self.avoid_buggy_ips and is_buggy(ip):
+        if self.avoids(ip):
             return False
         return any(ip.version == n.version and ip in n for n in self.networks)
 
@@ -94,6 +144,8 @@ class AddressPool:
             total += net.num_addresses
             if self.avoid_buggy_ips and net.version == 4:
                 total -= _buggy_count(net)
+            if net.version == 6 and not self.allow_subnet_router_anycast:
+                total -= _anycast_count(net, self.block_starts)
         return total
 
     def addresses(self, version: int, *, start: int = 0) -> Iterator[IPAddress]:
@@ -106,7 +158,7 @@ class AddressPool:
                 ip: IPAddress = (
                     ipaddress.IPv4Address(value) if version == 4 else ipaddress.IPv6Address(value)
                 )
-                if not (self.avoid_buggy_ips and is_buggy(ip)):
+                if not self.avoids(ip):
                     yield ip
 
     def admits(
@@ -130,6 +182,15 @@ def _buggy_count(net: IPNetwork) -> int:
     if last - first + 1 >= 256:
         return (last - first + 1) // 256 * 2  # one .0 and one .255 per /24
     return sum(1 for v in {first, last} if v & 0xFF in (0, 255))
+
+
+def _anycast_count(net: IPNetwork, block_starts: frozenset[IPAddress]) -> int:
+    """Return how many Subnet-Router anycast addresses an IPv6 network holds."""
+    if net.prefixlen <= 64:
+        return 1 << (64 - net.prefixlen)  # one per /64: its zero interface identifier
+    first = net.network_address
+    # Longer than /64: only the first address can have a zero interface identifier.
+    return 1 if (int(first) & _IID == 0 or first in block_starts) else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +230,7 @@ _POOL_KEYS = {
     "addresses",
     "autoAssign",
     "avoidBuggyIPs",
+    "allowSubnetRouterAnycast",
     "namespaces",
     "namespaceSelector",
     "serviceSelector",
@@ -191,69 +253,63 @@ def parse_block(text: str, where: str) -> tuple[IPNetwork, ...]:
         raise PoolError(f"{where}: {text!r} is not a CIDR or an address range ({exc})") from None
 
 
-def _selector(value: Any, where: str) -> LabelSelector | None:
-    if value is None:
+def _selector(raw: Mapping[str, Any], key: str, where: str) -> LabelSelector | None:
+    if raw.get(key) is None:
         return None
-    if not isinstance(value, Mapping):
-        raise PoolError(f"{where}: expected a mapping with matchLabels, got {value!r}")
+    value = mapping(raw[key], where)
     extra = set(value) - {"matchLabels"}
     if extra:
-        raise PoolError(
-            f"{where}: only matchLabels is supported, not {', '.join(sorted(map(str, extra)))}"
-        )
-    labels = value.get("matchLabels") or {}
-    if not isinstance(labels, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
-    ):
-        raise PoolError(f"{where}.matchLabels: expected a mapping of strings, got {labels!r}")
-    return LabelSelector(match_labels=tuple(sorted(labels.items())))
-
-
-def _bool(item: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
-    value = item.get(key, default)
-    if not isinstance(value, bool):
-        raise PoolError(f"{where}.{key}: expected true or false, got {value!r}")
-    return value
+        raise PoolError(f"{where}: only matchLabels is supported, not {', '.join(sorted(extra))}")
+    labels = value.get("matchLabels")
+    pairs = () if labels is None else string_map(labels, f"{where}.matchLabels")
+    return LabelSelector(match_labels=pairs)
 
 
 def _parse_one(i: int, item: Any, forbidden: Forbidden) -> AddressPool:
-    if not isinstance(item, Mapping):
-        raise PoolError(f"pools[{i}]: expected a mapping, got {item!r}")
+    item = mapping(item, f"pools[{i}]")
     name = item.get("name")
     if not isinstance(name, str) or not name.strip():
-        raise PoolError(f"pools[{i}].name: each pool needs a non-empty name")
+        raise PoolError(f"pools[{i}].name: expected a non-empty name, got {describe(name)}")
     where = f"pools[{i}] ({name})"
     unknown = set(item) - _POOL_KEYS
     if unknown:
-        raise PoolError(f"{where}: unknown keys {', '.join(sorted(map(str, unknown)))}")
+        raise PoolError(f"{where}: unknown keys {', '.join(sorted(unknown))}")
     blocks = item.get("addresses")
     if blocks is None or blocks == []:
         raise PoolError(f"{where}.addresses: a pool needs at least one CIDR or range")
     if not isinstance(blocks, list):
-        raise PoolError(f"{where}.addresses: expected a list, got {blocks!r}")
+        raise wrong(f"{where}.addresses", "a list of CIDRs or ranges", blocks)
     located: list[tuple[IPNetwork, str]] = []
+    starts: set[IPAddress] = set()
     for j, block in enumerate(blocks):
         block_where = f"{where}.addresses[{j}]"
         if not isinstance(block, str):
-            raise PoolError(f"{block_where}: expected a string, got {block!r}")
-        located.extend((net, block_where) for net in parse_block(block, block_where))
+            raise wrong(block_where, "a string (a CIDR or a range)", block)
+        nets = parse_block(block, block_where)
+        located.extend((net, block_where) for net in nets)
+        if "-" not in block:  # a CIDR may be a link's prefix; a range's pieces are not
+            starts.update(a for a in map(anycast_block_start, nets) if a is not None)
     for net, block_where in located:
         _check_usable(net, block_where, forbidden)
     _check_disjoint(located)
-    namespaces = item.get("namespaces") or []
-    if not isinstance(namespaces, list) or not all(isinstance(n, str) for n in namespaces):
-        raise PoolError(f"{where}.namespaces: expected a list of names, got {namespaces!r}")
     pool = AddressPool(
         name=name,
         networks=tuple(sorted((n for n, _ in located), key=lambda n: (n.version, n))),
-        auto_assign=_bool(item, "autoAssign", True, where),
-        avoid_buggy_ips=_bool(item, "avoidBuggyIPs", False, where),
-        namespaces=tuple(namespaces),
-        namespace_selector=_selector(item.get("namespaceSelector"), f"{where}.namespaceSelector"),
-        service_selector=_selector(item.get("serviceSelector"), f"{where}.serviceSelector"),
+        auto_assign=boolean(item, "autoAssign", True, f"{where}.autoAssign"),
+        avoid_buggy_ips=boolean(item, "avoidBuggyIPs", False, f"{where}.avoidBuggyIPs"),
+        allow_subnet_router_anycast=boolean(
+            item, "allowSubnetRouterAnycast", False, f"{where}.allowSubnetRouterAnycast"
+        ),
+        block_starts=frozenset(starts),
+        namespaces=string_list(item, "namespaces", f"{where}.namespaces"),
+        namespace_selector=_selector(item, "namespaceSelector", f"{where}.namespaceSelector"),
+        service_selector=_selector(item, "serviceSelector", f"{where}.serviceSelector"),
     )
     if pool.size() == 0:
-        raise PoolError(f"{where}.addresses: no usable address once .0/.255 are avoided")
+        raise PoolError(
+            f"{where}.addresses: no usable address once .0/.255 or the IPv6 Subnet-Router "
+            "anycast addresses are avoided"
+        )
     return pool
 
 
@@ -278,7 +334,7 @@ def _check_disjoint(located: list[tuple[IPNetwork, str]]) -> None:
             raise PoolError(f"{b_where}: {b} overlaps {a} of {a_where}")
 
 
-def parse_pools(raw: list[Any] | None, *, forbidden: Forbidden) -> PoolSet | None:
+def parse_pools(raw: Any, *, forbidden: Forbidden) -> PoolSet | None:
     """Return the validated pools, or None when pools are not configured at all.
 
     None (the key is absent) means nodelb does not allocate: the controller leaves
@@ -289,8 +345,13 @@ def parse_pools(raw: list[Any] | None, *, forbidden: Forbidden) -> PoolSet | Non
     if raw is None:
         return None
     if not isinstance(raw, list):
-        raise PoolError(f"pools: expected a list, got {raw!r}")
-    pools = [_parse_one(i, item, forbidden) for i, item in enumerate(raw)]
+        raise PoolError(str(wrong("pools", "a list of pools", raw)))
+    try:
+        pools = [_parse_one(i, item, forbidden) for i, item in enumerate(raw)]
+    except PoolError:
+        raise
+    except ConfigError as exc:  # a value of the wrong type: one error class for pools
+        raise PoolError(str(exc)) from None
     seen: dict[str, int] = {}
     for i, pool in enumerate(pools):
         if pool.name in seen:

@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.kube.node_report import report_body
 from agent.kube.node_reporter import NodeReporter
+from lab import readers
 from lab.controllers import NAMESPACE, ControllerSet
 from lab.controlplane import ControlPlane
 from lab.topology import Lab
@@ -500,3 +501,140 @@ def test_a_status_write_from_a_stale_view_is_refused(core: client.CoreV1Api) -> 
             "x", ns, patch, _content_type="application/merge-patch+json"
         )
     assert err.value.status == 409
+
+
+# -- wrongly typed configuration (issue 19, item 2); keep these last: they count refusals ----
+
+
+def http_get(cs: ControllerSet, name: str, path: str) -> tuple[int, str]:
+    """Return (status, body) of GET `path` on replica `name` (inside the control-plane ns)."""
+    assert cs.lab.controlplane is not None
+    url = cs.metrics_url(name).removesuffix("/metrics") + path
+    # The probe paths need no token, but TLS all the same: verified against the published cert.
+    return readers.get(cs.lab.controlplane.ns, url, cert=cs.cert(name), token=None)
+
+
+def refusals(cs: ControllerSet, name: str) -> float:
+    for line in scrape(cs, name).splitlines():
+        if line.startswith('nodelb_config_reloads_total{result="error"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def config_events(core: client.CoreV1Api, reason: str) -> list[dict[str, Any]]:
+    """Return the Events of `reason` on the controllers' ConfigMap."""
+    return events(core, NAMESPACE, "nodelb-config", reason)
+
+
+def test_a_wrongly_typed_reload_is_refused_with_an_event_and_allocation_continues(
+    core: client.CoreV1Api, controllers: ControllerSet
+) -> None:
+    ns = make_ns(core, "typed")
+    create_svc(core, ns, lb_service("before"))
+    before = wait_until(lambda: ips_of(core, ns, "before"), 30, "before's address")
+    leader = controllers.leader()
+    assert leader is not None
+    counted = refusals(controllers, leader)
+    # What crashed both replicas (exit status 0, and again on restart) before.
+    controllers.write_config({"pools": [{"name": "main", "addresses": 5}, *POOLS[1:]]})
+    wait_until(lambda: refusals(controllers, leader) == counted + 1, 30, "the refusal counted")
+    wrong = "pools[0] (main).addresses: expected a list"
+    found = wait_until(
+        lambda: [e for e in config_events(core, "ConfigRefused") if wrong in e["message"]],
+        30,
+        "a ConfigRefused Event naming the key",
+    )
+    assert found[0]["type"] == "Warning"
+    assert "keeping the previous one" in found[0]["message"]
+    # Allocation goes on under the pools in force, and nobody crashed.
+    create_svc(core, ns, lb_service("during"))
+    during = wait_until(lambda: ips_of(core, ns, "during"), 30, "an address under the old pools")
+    assert ipaddress.ip_address(during[0]) in ipaddress.ip_network("198.19.0.0/22")
+    observe(5.0, "two more reload periods of the same refused file")
+    assert refusals(controllers, leader) == counted + 1  # reported once
+    assert "nodelb_config_refused 1.0" in scrape(controllers, leader)
+    named = [e for e in config_events(core, "ConfigRefused") if wrong in e["message"]]
+    assert {e.get("count", 1) for e in named} == {1}  # one Event per replica, never repeated
+    assert len(named) <= len(controllers.procs)
+    alive = {n: p.poll() for n, p in controllers.procs.items()}
+    assert len(alive) == 2 and set(alive.values()) == {None}, alive  # nobody crashed
+    assert all(http_get(controllers, n, "/readyz")[0] == 200 for n in controllers.procs)
+    assert ips_of(core, ns, "before") == before
+    controllers.write_config(CONFIG)
+    wait_until(lambda: len(config_events(core, "ConfigLoaded")) > 0, 30, "ConfigLoaded once fixed")
+    wait_until(
+        lambda: "nodelb_config_refused 0.0" in scrape(controllers, leader), 30, "gauge cleared"
+    )
+
+
+def test_a_controller_started_with_a_bad_file_stays_up_unready_and_becomes_ready_when_fixed(
+    controllers: ControllerSet, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad-config.yaml"
+    bad.write_text("")  # empty: accepted as "pools unset" before, and nothing ever happened
+    proc = controllers.start("ctl-bad", extra=(f"--config={bad}",))
+    try:
+
+        def unready_body() -> str | None:
+            code, body = http_get(controllers, "ctl-bad", "/readyz")
+            return body if code == 503 else None
+
+        body = wait_until(unready_body, 30, "ctl-bad answering /readyz")
+        assert body is not None
+        assert "configuration refused" in body and "the configuration is empty" in body, body
+        assert "configuration refused" in controllers.log("ctl-bad")
+        observe(3.0, "a few reload periods on the bad file")
+        assert proc.poll() is None, "the controller exited on a bad file"
+        assert http_get(controllers, "ctl-bad", "/healthz")[0] == 200
+        assert http_get(controllers, "ctl-bad", "/readyz")[0] == 503
+        bad.write_text("pools: [{name: main, addresses: 5}]\n")  # still bad, another way
+        wait_until(
+            lambda: "expected a list" in http_get(controllers, "ctl-bad", "/readyz")[1],
+            30,
+            "the new reason on /readyz",
+        )
+        controllers.write_config(CONFIG)
+        bad.write_text(controllers.config_path.read_text())
+        wait_until(
+            lambda: http_get(controllers, "ctl-bad", "/readyz") == (200, "ready\n"),
+            30,
+            "ctl-bad ready once the file is fixed",
+        )
+        assert proc.poll() is None
+    finally:
+        controllers.stop("ctl-bad")
+
+
+def test_an_ipv6_service_never_gets_the_subnet_router_anycast_address(
+    core: client.CoreV1Api, controllers: ControllerSet
+) -> None:
+    """Issue 19 item 6: the first IPv6 address handed out was 2001:db8:0:10:: (a /64's)."""
+    anycast = {
+        "name": "anycast",
+        # A /64 whose anycast is its first address, and a /126 mid-/64 (it may be a link).
+        "addresses": ["2001:db8:300::/64", "2001:db8:301::100/126"],
+        "autoAssign": False,
+    }
+    controllers.write_config({"pools": [*POOLS, anycast]})
+    ns = make_ns(core, "anycast")
+    v6 = ["IPv6"]
+    try:
+        wide = {"nodelb.io/ip-pool": "anycast"}
+        create_svc(core, ns, lb_service("first", families=v6, annotations=wide))
+        # Named before the reload sees the pool, it gets UnknownPool first, then an address.
+        got = wait_until(lambda: ips_of(core, ns, "first"), 30, "first's address")
+        assert got == ["2001:db8:300::1"], got  # not 2001:db8:300::
+        asked = {"nodelb.io/load-balancer-ips": "2001:db8:301::100"}
+        create_svc(core, ns, lb_service("asks", families=v6, annotations=asked))
+        found = wait_until(
+            lambda: events(core, ns, "asks", "IPRequestInvalid"), 30, "the request refused"
+        )
+        assert "2001:db8:301::100" in found[0]["message"]
+        narrow = {"nodelb.io/load-balancer-ips": "2001:db8:301::101"}
+        create_svc(core, ns, lb_service("beside", families=v6, annotations=narrow))
+        assert wait_until(lambda: ips_of(core, ns, "beside"), 30, "beside's address") == [
+            "2001:db8:301::101"
+        ]
+        assert ips_of(core, ns, "asks") == []
+    finally:
+        controllers.write_config(CONFIG)

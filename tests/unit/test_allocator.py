@@ -17,6 +17,8 @@ from agent.controller.allocator import (
     Allocator,
     PoolUsage,
     allocation_order,
+    freed_addresses,
+    latest_releases,
     rebuild,
 )
 from agent.controller.exhaustion import ExhaustionLimiter
@@ -145,14 +147,14 @@ CASES = [
         id="a specific address in a pool that does not admit the Service is refused",
     ),
     pytest.param(
-        AllocCase(req("a", ip_families=V6), R.ALLOCATED, ("2001:db8::",)),
+        AllocCase(req("a", ip_families=V6), R.ALLOCATED, ("2001:db8::1",)),
         id="an IPv6 Service gets an IPv6 address",
     ),
     pytest.param(
         AllocCase(
             req("a", ip_families=DUAL, family_policy=FamilyPolicy.REQUIRE_DUAL_STACK),
             R.ALLOCATED,
-            ("198.18.0.0", "2001:db8::"),
+            ("198.18.0.0", "2001:db8::1"),
         ),
         id="RequireDualStack gets one address per family, primary first",
     ),
@@ -160,7 +162,7 @@ CASES = [
         AllocCase(
             req("a", ip_families=(IPFamily.IPV6, IPFamily.IPV4)),
             R.ALLOCATED,
-            ("2001:db8::",),
+            ("2001:db8::1",),
         ),
         id="SingleStack with two listed families allocates the primary family only",
     ),
@@ -418,9 +420,9 @@ def test_release_times_carried_into_a_rebuild_keep_the_reuse_order() -> None:
 
 
 def test_an_address_picked_for_a_failed_all_or_nothing_request_stays_available() -> None:
-    pools = make_pools([{"name": "dual", "addresses": ["198.18.3.0/31", "2001:db8:3::/128"]}])
+    pools = make_pools([{"name": "dual", "addresses": ["198.18.3.0/31", "2001:db8:3::5/128"]}])
     alloc = Allocator(pools)
-    assert alloc.allocate(req("v6", 0, ip_families=V6), now=0.0).ips == ips("2001:db8:3::")
+    assert alloc.allocate(req("v6", 0, ip_families=V6), now=0.0).ips == ips("2001:db8:3::5")
     both = req("both", 1, ip_families=DUAL, family_policy=FamilyPolicy.REQUIRE_DUAL_STACK)
     failed = alloc.allocate(both, now=1.0)
     assert (failed.reason, failed.ips, alloc.release_times()) == (R.POOL_EXHAUSTED, (), {})
@@ -429,16 +431,18 @@ def test_an_address_picked_for_a_failed_all_or_nothing_request_stays_available()
 
 
 def test_a_released_address_picked_for_a_failed_all_or_nothing_request_keeps_its_time() -> None:
-    pools = make_pools([{"name": "dual", "addresses": ["198.18.3.0/32", "2001:db8:3::/127"]}])
+    pools = make_pools(
+        [{"name": "dual", "addresses": ["198.18.3.0/32", "2001:db8:3::4-2001:db8:3::5"]}]
+    )
     alloc = Allocator(pools)
     alloc.allocate(req("v4", 0), now=0.0)  # the only IPv4 address
-    alloc.allocate(req("a", 1, ip_families=V6), now=0.0)  # 2001:db8:3::
+    alloc.allocate(req("a", 1, ip_families=V6), now=0.0)  # 2001:db8:3::4
     alloc.release("ns/a", now=5.0)
-    alloc.allocate(req("b", 2, ip_families=V6), now=6.0)  # 2001:db8:3::1, the fresh one
+    alloc.allocate(req("b", 2, ip_families=V6), now=6.0)  # 2001:db8:3::5, the fresh one
     both = req("both", 3, ip_families=DUAL, family_policy=FamilyPolicy.REQUIRE_DUAL_STACK)
     assert alloc.allocate(both, now=7.0).reason is R.POOL_EXHAUSTED
-    assert alloc.release_times() == {ip("2001:db8:3::"): 5.0}
-    assert alloc.allocate(req("c", 4, ip_families=V6), now=8.0).ips == ips("2001:db8:3::")
+    assert alloc.release_times() == {ip("2001:db8:3::4"): 5.0}
+    assert alloc.allocate(req("c", 4, ip_families=V6), now=8.0).ips == ips("2001:db8:3::4")
 
 
 def test_ports_changed_to_collide_with_a_sharing_partner_move_the_newer_service() -> None:
@@ -462,7 +466,7 @@ def test_usage_counts_each_pool_and_a_shared_address_once() -> None:
     alloc.allocate(req("c", ip_families=V6), now=0.0)
     alloc.allocate(req("d", pool="manual"), now=0.0)
     assert alloc.usage() == (
-        PoolUsage("default", 8, 2),
+        PoolUsage("default", 7, 2),  # 2001:db8::, the Subnet-Router anycast, is not counted
         PoolUsage("manual", 4, 1),
         PoolUsage("team", 4, 0),
     )
@@ -516,6 +520,14 @@ RECORDS = [
             {"ns/a": ()},
         ),
         id="an address outside every pool is reported for reallocation",
+    ),
+    pytest.param(
+        RecordCase(
+            (req("a", ip_families=V6, current_ips=ips("2001:db8::")),),
+            (("ns/a", "2001:db8::", R.OUTSIDE_POOLS, None),),
+            {"ns/a": ()},
+        ),
+        id="a Subnet-Router anycast address handed out before is reported for reallocation",
     ),
     pytest.param(
         RecordCase(
@@ -876,3 +888,50 @@ def test_no_address_is_held_twice_and_a_restart_moves_nothing(
     for res in results:
         if before[res.service]:
             assert res.reason is R.ALREADY_ALLOCATED, res
+
+
+def test_an_ipv6_pool_never_hands_out_a_subnet_router_anycast_address() -> None:
+    """A /120 at the start of a /64 and one mid-/64: 2 x 255 allocations, then refills."""
+    pools = make_pools(
+        [
+            {"name": "wide", "addresses": ["2001:db8:0:10::/120"]},
+            {"name": "link", "addresses": ["2001:db8:0:20::100/120"]},
+        ]
+    )
+    alloc = Allocator(pools)
+    got: list[IPAddress] = []
+    for i in range(2 * 255):
+        result = alloc.allocate(req(f"s{i}", ip_families=V6), now=float(i))
+        assert result.allocated, result.message
+        got.extend(result.ips)
+    assert got[0] == ip("2001:db8:0:10::1")  # not 2001:db8:0:10::, as main handed out first
+    assert got[255] == ip("2001:db8:0:20::101")
+    full = alloc.allocate(req("one-more", ip_families=V6), now=600.0)
+    assert full.reason is R.POOL_EXHAUSTED
+    for i in range(0, 2 * 255, 7):
+        alloc.release(f"ns/s{i}", now=700.0 + i)
+    refilled = [alloc.allocate(req(f"r{i}", ip_families=V6), now=2000.0).ips for i in range(80)]
+    handed = set(got) | {a for r in refilled for a in r}
+    assert ip("2001:db8:0:10::") not in handed and ip("2001:db8:0:20::100") not in handed
+    assert (
+        alloc.allocate(
+            req("asks", ip_families=V6, requested_ips=ips("2001:db8:0:10::")), now=3000.0
+        ).reason
+        is R.REQUESTED_IP_NOT_IN_POOL
+    )
+
+
+def test_freed_addresses_are_what_status_stopped_naming() -> None:
+    two = req("a", ip_families=DUAL, current_ips=ips("198.18.0.1", "2001:db8::1"))
+    one = req("a", ip_families=DUAL, current_ips=ips("198.18.0.1"))
+    assert freed_addresses(two, one) == set(ips("2001:db8::1"))
+    assert freed_addresses(two, None) == set(ips("198.18.0.1", "2001:db8::1"))  # deleted
+    assert freed_addresses(None, two) == set()  # created
+    assert freed_addresses(one, two) == set()  # gained an address
+
+
+def test_latest_releases_keeps_the_latest_time_per_address() -> None:
+    assert latest_releases(
+        {ip("198.18.0.1"): 5.0, ip("198.18.0.2"): 9.0},
+        {ip("198.18.0.1"): 7.0, ip("198.18.0.2"): 1.0, ip("198.18.0.3"): 2.0},
+    ) == {ip("198.18.0.1"): 7.0, ip("198.18.0.2"): 9.0, ip("198.18.0.3"): 2.0}

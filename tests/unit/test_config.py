@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +49,13 @@ def test_file_values_are_parsed_and_a_flag_overrides_the_node_name(tmp_path: Pat
             {"externalIPCIDRs": ["198.18.0.1/24"]}, "externalIPCIDRs[0]", id="host bits set"
         ),
         pytest.param({"externalIPCIDRs": "198.18.0.0/24"}, "expected a list", id="not a list"),
-        pytest.param({"pools": [{"name": "p"}]}, "no addresses", id="empty pool"),
-        pytest.param({"pools": [{"addresses": ["198.18.0.0/30"]}]}, "needs a name", id="no name"),
+        pytest.param(
+            {"pools": [{"name": "p"}]}, "pools[0] (p).addresses: a pool needs", id="empty pool"
+        ),
+        pytest.param({"pools": [{"addresses": ["198.18.0.0/30"]}]}, "pools[0].name", id="no name"),
         pytest.param(
             {"pools": [{"name": "p", "addresses": ["198.18.0.9-198.18.0.1"]}]},
-            "pools[0].addresses[0]",
+            "pools[0] (p).addresses[0]",
             id="reversed range",
         ),
         pytest.param({"sync": {"minInterval": -1}}, "sync.minInterval", id="negative interval"),
@@ -62,7 +65,7 @@ def test_file_values_are_parsed_and_a_flag_overrides_the_node_name(tmp_path: Pat
     ],
 )
 def test_invalid_config_names_the_key(raw: dict[str, Any], message: str) -> None:
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         parse_config(raw)
 
 

@@ -15,8 +15,8 @@ from agent.controller.config import (
     refuse,
 )
 
-A = config_digest({"pools": [{"name": "a", "addresses": ["198.19.0.0/24"]}]})
-B = config_digest({"pools": [{"name": "b", "addresses": ["198.19.1.0/24"]}]})
+A = config_digest(b"pools: [{name: a, addresses: [198.19.0.0/24]}]")
+B = config_digest(b"pools: [{name: b, addresses: [198.19.1.0/24]}]")
 V = ConfigVerdict
 
 
@@ -56,7 +56,7 @@ VERDICT_CASES = [
     ),
     pytest.param(
         VerdictCase(
-            config_digest({"pools": []}), A, Refusal(B, "overlap", 70.0), False, 20.0, V.CHECK
+            config_digest(b"pools: []"), A, Refusal(B, "overlap", 70.0), False, 20.0, V.CHECK
         ),
         id="other content after a refusal is checked at once",
     ),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import random
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from agent.controller.loop import Controller, ControllerSettings
 from agent.kube.events import ListSink
 from agent.kube.node_report import report_body
 from agent.kube.store import EventType
+from lab.wait import wait_until
 from tests.unit.controller_fakes import FakeClient, FakeClock, FakeServer, ManualExecutor
 
 TIMING = ElectionTiming(lease_duration=15, renew_deadline=10.0, retry_period=2.0)
@@ -555,3 +557,154 @@ def test_known_limit_an_edit_while_both_lead_can_hold_an_address_twice_until_b_r
     assert {d.split(" at ")[0] for d in server.duplicates} == {
         "198.19.0.2 held by ['ns/y', 'ns/z']"
     }  # only that one, until b's repair
+
+
+# -- configuration refused at start and on reload -------------------------------------------
+
+
+def _config_events(r: Replica) -> list[tuple[str, str, str]]:
+    return [
+        (e.reason, e.ref.kind, e.ref.name) for e in r.events.events if e.ref.kind == "ConfigMap"
+    ]
+
+
+def test_a_wrongly_typed_reload_is_refused_once_with_an_event_and_the_old_pools_keep_serving(
+    tmp_path: Path,
+) -> None:
+    server = FakeServer()
+    first = server.create_service("first", created="2026-12-01T10:01:00Z")
+    a = leading(server, tmp_path)
+    a.ctl.step()
+    a.writer.run_all()
+    errors = metric("nodelb_config_reloads_total", result="error")
+    path = tmp_path / "config.yaml"
+    path.write_text("pools:\n- name: main\n  addresses: 5\n")  # crashed the controller before
+    for _ in range(5):
+        a.clock.advance(2.0)
+        a.ctl.elector.step()
+        a.ctl.step()
+    assert metric("nodelb_config_reloads_total", result="error") == errors + 1
+    assert metric("nodelb_config_refused") == 1.0
+    assert _config_events(a) == [("ConfigRefused", "ConfigMap", "nodelb-config")]
+    refusal = next(e for e in a.events.events if e.reason == "ConfigRefused")
+    assert refusal.type == "Warning" and "pools[0] (main).addresses" in refusal.message
+    assert "keeping the previous one" in refusal.message
+    second = server.create_service("second", created="2026-12-01T10:02:00Z")
+    a.sync(server)
+    a.ctl.step()
+    a.writer.run_all()
+    assert server.ips(first) == ("198.19.0.1",) and server.ips(second) == ("198.19.0.2",)
+    config_file(tmp_path)  # fixed: loaded at the next period, and said so once
+    a.clock.advance(2.0)
+    a.ctl.elector.step()
+    a.ctl.step()
+    assert _config_events(a)[1:] == [("ConfigLoaded", "ConfigMap", "nodelb-config")]
+    assert metric("nodelb_config_refused") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        pytest.param("", "the configuration is empty", id="an empty file"),
+        pytest.param("sync: {}\n", "pools: not set", id="pools unset"),
+        pytest.param(
+            "pools: [{name: p, addresses: [198.19.0.0/24], 3: x}]\n",
+            "keys must be strings",
+            id="a non-string key",
+        ),
+    ],
+)
+def test_a_replica_started_with_a_bad_file_stays_unready_and_out_of_the_election(
+    tmp_path: Path, text: str, why: str
+) -> None:
+    server = FakeServer()
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    client = server.client("a")
+    settings = ControllerSettings(
+        namespace="nodelb-system",
+        identity="a",
+        config_path=path,
+        election=TIMING,
+        reload_period=0.01,
+    )
+    events = ListSink()
+    ctl = Controller(client, settings, events=events, clock=FakeClock(), writer=ManualExecutor())
+    stop = threading.Event()
+    runner = threading.Thread(target=ctl.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: ctl.unready_reason().startswith("configuration refused"), 10, "refusal")
+        assert why in ctl.unready_reason()
+        assert not ctl.ready.is_set()
+        assert [e.reason for e in events.events] == ["ConfigRefused"]
+        assert "not ready until it is fixed" in events.events[0].message
+        assert runner.is_alive()
+        assert "create_lease" not in client.calls and "read_lease" not in client.calls
+    finally:
+        stop.set()
+        runner.join(timeout=10)
+    assert not runner.is_alive()
+
+
+# -- reuse order across leadership changes -------------------------------------------------
+
+
+def test_a_new_leader_keeps_the_reuse_order_of_addresses_the_old_one_freed(
+    tmp_path: Path,
+) -> None:
+    """b stood by while a led; what a freed is not b's first pick once b leads."""
+    server = FakeServer()
+    first = server.create_service("first", created="2026-12-01T10:01:00Z")
+    second = server.create_service("second", created="2026-12-01T10:02:00Z")
+    a = leading(server, tmp_path, "a")
+    b = replica(server, "b", config_file(tmp_path))
+    b.ctl.elector.step()
+    b.ctl.step()  # b loads the config; it does not lead
+    a.ctl.step()
+    a.writer.run_all()
+    b.sync(server)  # b's watch sees .1 and .2 written
+    server.delete_service(first)  # .1 is free: handed out again only when nothing fresh is left
+    a.sync(server)
+    a.ctl.step()
+    b.sync(server)  # ... and b's watch sees the deletion
+    b.clock.advance(TIMING.lease_duration)  # a stops renewing (it died); b takes the Lease
+    b.ctl.elector.step()
+    assert b.ctl.elector.is_leader()
+    b.ctl.step()  # b rebuilds its allocator from a fresh LIST
+    third = server.create_service("third", created="2026-12-01T10:03:00Z")
+    b.sync(server)
+    b.ctl.step()
+    b.writer.run_all()
+    assert server.ips(second) == ("198.19.0.2",)
+    assert server.ips(third) == ("198.19.0.3",)  # not the .1 a freed a moment ago
+
+
+def test_a_leader_that_loses_and_regains_the_lease_keeps_its_reuse_order(
+    tmp_path: Path,
+) -> None:
+    server = FakeServer()
+    first = server.create_service("first", created="2026-12-01T10:01:00Z")
+    server.create_service("second", created="2026-12-01T10:02:00Z")
+    a = leading(server, tmp_path, "a")
+    a.ctl.step()
+    a.writer.run_all()
+    a.sync(server)
+    server.delete_service(first)
+    a.sync(server)
+    a.ctl.step()  # releases .1
+    a.client.partitioned = True  # a cannot renew: past its renew deadline it stops leading
+    a.clock.advance(TIMING.renew_deadline + 1)
+    a.ctl.elector.step()
+    assert not a.ctl.elector.is_leader()
+    a.ctl.step()  # drops its allocator
+    a.client.partitioned = False
+    a.clock.advance(TIMING.lease_duration)
+    a.ctl.elector.step()
+    assert a.ctl.elector.is_leader()
+    a.ctl.step()  # rebuilt
+    third = server.create_service("third", created="2026-12-01T10:03:00Z")
+    a.sync(server)
+    a.ctl.step()
+    a.writer.run_all()
+    assert server.ips(third) == ("198.19.0.3",)

@@ -51,6 +51,7 @@ REQUIRED_ALERTS = {
     "NodelbHolderFlapping",
     "NodelbIPWithoutHolder",
     "NodelbControllerNoLeader",
+    "NodelbConfigRefused",
     "NodelbAgentDown",
 }
 # Metrics the dashboard must chart (one or more panels each).

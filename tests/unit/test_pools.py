@@ -217,12 +217,12 @@ SIZES = [
         id="a range across a /24 boundary loses its .255 and .0",
     ),
     pytest.param(
-        SizeCase(("198.18.0.10-198.18.0.20", "2001:db8::/126"), False, 15, 11, 4, "198.18.0.10"),
-        id="a dual-stack pool counts both families",
+        SizeCase(("198.18.0.10-198.18.0.20", "2001:db8::/126"), False, 14, 11, 3, "198.18.0.10"),
+        id="a dual-stack pool counts both families, without the IPv6 Subnet-Router anycast",
     ),
     pytest.param(
-        SizeCase(("2001:db8::/120",), True, 256, 0, 256),
-        id="IPv6 addresses are never avoided as buggy",
+        SizeCase(("2001:db8::/120",), True, 255, 0, 255),
+        id="IPv6 addresses are never avoided as buggy, only the anycast one is",
     ),
 ]
 
@@ -266,6 +266,7 @@ def test_parsed_pool_keeps_options_and_sorts_networks_by_family() -> None:
             ),
             auto_assign=False,
             avoid_buggy_ips=True,
+            block_starts=frozenset({ipaddress.ip_address("2001:db8:1::")}),
             namespaces=("web",),
             namespace_selector=LabelSelector((("tier", "edge"),)),
             service_selector=LabelSelector((("app", "www"),)),
@@ -353,4 +354,99 @@ def test_pool_for_respects_avoided_addresses_and_names_the_owning_pool() -> None
     assert pools.networks() == (
         ipaddress.ip_network("198.18.0.0/24"),
         ipaddress.ip_network("2001:db8::/120"),
+    )
+
+
+# -- the IPv6 Subnet-Router anycast address (RFC 4291 §2.6.1) -------------------------------
+
+
+@dataclass(frozen=True)
+class AnycastCase:
+    addresses: tuple[str, ...]
+    size_v6: int
+    first_v6: str
+    avoided: tuple[str, ...] = ()  # inside the blocks, never handed out
+    usable: tuple[str, ...] = ()  # handed out although they end a block or start a piece
+    allow: bool = False
+
+
+ANYCAST = [
+    pytest.param(
+        AnycastCase(("2001:db8:0:10::/64",), 2**64 - 1, "2001:db8:0:10::1", ("2001:db8:0:10::",)),
+        id="a /64 never hands out its zero interface identifier (main handed it out first)",
+    ),
+    pytest.param(
+        AnycastCase(
+            ("2001:db8:1::/48",),
+            2**80 - 2**16,
+            "2001:db8:1::1",
+            ("2001:db8:1::", "2001:db8:1:5::", "2001:db8:1:ffff::"),
+            ("2001:db8:1:5::1", "2001:db8:1:4:ffff:ffff:ffff:ffff"),
+        ),
+        id="a /48 avoids the anycast address of each of its 65536 /64s",
+    ),
+    pytest.param(
+        AnycastCase(
+            ("2001:db8:64:72::100/120",), 255, "2001:db8:64:72::101", ("2001:db8:64:72::100",)
+        ),
+        id="a /120 avoids its first address: the block may be the link's prefix",
+    ),
+    pytest.param(
+        AnycastCase(("2001:db8::6/127",), 1, "2001:db8::7", ("2001:db8::6",)),
+        id="a /127 avoids its first address",
+    ),
+    pytest.param(
+        AnycastCase(("2001:db8::7/128",), 1, "2001:db8::7"),
+        id="a /128 is one host, not a subnet: it is usable",
+    ),
+    pytest.param(
+        AnycastCase(
+            ("2001:db8::5-2001:db8::20",),
+            28,
+            "2001:db8::5",
+            usable=("2001:db8::8", "2001:db8::10", "2001:db8::20"),
+        ),
+        id="a range's summarised pieces are not subnets: their first addresses are usable",
+    ),
+    pytest.param(
+        AnycastCase(("2001:db8:2::-2001:db8:2::3",), 3, "2001:db8:2::1", ("2001:db8:2::",)),
+        id="a range starting at a zero interface identifier avoids it",
+    ),
+    pytest.param(
+        AnycastCase(("2001:db8:0:10::/64",), 2**64, "2001:db8:0:10::", allow=True),
+        id="allowSubnetRouterAnycast hands it out",
+    ),
+    pytest.param(
+        AnycastCase(("2001:db8:64:72::100/120",), 256, "2001:db8:64:72::100", allow=True),
+        id="allowSubnetRouterAnycast hands out a block's first address too",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ANYCAST)
+def test_ipv6_pools_avoid_the_subnet_router_anycast_address(case: AnycastCase) -> None:
+    extra = {"allowSubnetRouterAnycast": True} if case.allow else {}
+    pools = parse_pools([pool("v6", *case.addresses, **extra)], forbidden=NONE)
+    assert pools is not None
+    (p,) = pools.pools
+    assert p.size(6) == case.size_v6
+    assert str(next(p.addresses(6))) == case.first_v6
+    inside = [a for a in case.avoided if p.contains(ipaddress.ip_address(a))]
+    assert not inside, f"{inside} may be handed out"
+    missing = [a for a in case.usable if not p.contains(ipaddress.ip_address(a))]
+    assert not missing, f"{missing} are avoided"
+    if p.size(6) < 1000:
+        assert sum(1 for _ in p.addresses(6)) == p.size(6)
+
+
+def test_a_pool_whose_only_address_is_an_anycast_one_is_refused() -> None:
+    with pytest.raises(PoolError, match="Subnet-Router anycast"):
+        parse_pools([pool("v6", "2001:db8:9::/128")], forbidden=NONE)
+
+
+def test_ipv4_pools_are_untouched_by_the_anycast_rule() -> None:
+    pools = parse_pools([pool("v4", "198.18.0.0/24")], forbidden=NONE)
+    assert pools is not None
+    assert pools.pools[0].size(4) == 256 and pools.pools[0].contains(
+        ipaddress.ip_address("198.18.0.0")
     )
