@@ -23,8 +23,9 @@ hashing: weight = blake2b("nodelb-hrw", IP bytes, node name), highest first, tie
 rare with 64-bit weights) by name. Rank 0 is the *preferred holder*. Adding a node moves only
 the IPs it now wins; removing one moves only the IPs it held (at `PER_IP` and `PER_HOLDER`,
 where every IP stays on its own winner). Rank r advertises VRRP priority
-`254 - r` (floor 1). 255 is RFC 5798's address owner (§5.2.4) and never used; a node that is
-not eligible for an instance does not run it at all.
+`priority_for_rank(r)`: 254, 253, then 64 apart (189, 125, 61), then down by one (floor 1), so
+that consecutive backups' timers are a quarter interval apart. 255 is RFC 5798's address
+owner (§5.2.4) and never used; a node that is not eligible for an instance does not run it.
 
 **VRIDs and sharing.** IPv4 and IPv6 VRIDs are separate spaces on the wire, so each family is
 planned alone within its configured range of V VRIDs. IPs that share a VRID share one master,
@@ -76,6 +77,14 @@ MAX_ADDRESSES_IPV4 = 255
 MAX_ADDRESSES_IPV6 = 90
 MAX_PRIORITY = 254  # 255 means "address owner" (RFC 5798 §5.2.4); nodelb never owns an IP
 MIN_PRIORITY = 1  # 0 means "resigning" (§5.2.4)
+# The priorities of the first ranks (see priority_for_rank): the first backup sits just below
+# the holder, so a crash fails over as fast as the RFC allows; each rank after it is
+# RANK_SPACING below the one before, so its Skew_Time, and with it both its Master_Down and
+# its takeover after a resignation, is RANK_SPACING / 256 of an interval later (25 ms at
+# 10 cs, 250 ms at 1 s): well above the timer lateness the speaker reports, so the next
+# backup hears the new Master before its own timer fires.
+RANK_SPACING = 64
+SPACED_PRIORITIES = (254, 253, 189, 125, 61)
 STAGGERED_RANKS = 3  # ranks past this wait no longer at Startup (see startup_delay_cs)
 VRID_MIN, VRID_MAX = 1, 255  # §5.2.3
 
@@ -339,14 +348,33 @@ def family_of(ip: IPAddress) -> IPFamily:
 
 
 def priority_for_rank(rank: int) -> int:
-    """Return the VRRP priority of rank `rank` (0 = preferred holder): 254 down to 1.
+    """Return the VRRP priority of rank `rank` (0 = preferred holder).
 
-    Ranks past 253 all get 1; VRRP then orders them by primary address, which only matters
-    once 254 nodes above them have failed.
+    Ranks 0-4 get SPACED_PRIORITIES (254, 253, 189, 125, 61): after the holder crashes, the
+    first backup's Master_Down_Interval is the RFC's shortest but one, and the second
+    backup's is 64/256 of an interval longer, so it hears the new Master's first advert long
+    before it would take over itself. RFC 5798's plain 254, 253, 252 put two backups
+    interval/256 apart (0.4 ms at 10 cs), and both took over after a crash. Ranks past 4 go
+    down by one from 60 (only reached after five nodes have failed); past 64 they all get 1,
+    and VRRP orders them by primary address.
     """
     if rank < 0:
         raise ValueError(f"rank {rank} is negative")
-    return max(MAX_PRIORITY - rank, MIN_PRIORITY)
+    if rank < len(SPACED_PRIORITIES):
+        return SPACED_PRIORITIES[rank]
+    return max(SPACED_PRIORITIES[-1] - 1 - (rank - len(SPACED_PRIORITIES)), MIN_PRIORITY)
+
+
+def rank_for_priority(priority: int) -> int:
+    """Return the lowest rank that advertises `priority` (the inverse of priority_for_rank).
+
+    A priority between two spaced ones (never advertised by nodelb, say a keepalived peer's)
+    gets the rank of the spaced priority just below it, the rank it outranks.
+    """
+    for rank, spaced in enumerate(SPACED_PRIORITIES):
+        if priority >= spaced:
+            return rank
+    return len(SPACED_PRIORITIES) + max(0, SPACED_PRIORITIES[-1] - 1 - priority)
 
 
 def startup_delay_cs(priority: int, advert_interval_cs: int) -> int:
@@ -363,7 +391,7 @@ def startup_delay_cs(priority: int, advert_interval_cs: int) -> int:
     IP comes up one interval later. Only the first Master_Down_Timer is longer: failover
     timing is unchanged.
     """
-    rank = MAX_PRIORITY - priority
+    rank = rank_for_priority(priority)
     return max(0, min(rank, STAGGERED_RANKS)) * advert_interval_cs
 
 

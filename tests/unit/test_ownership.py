@@ -20,6 +20,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from agent.announce.ownership import (
+    RANK_SPACING,
     Ineligible,
     IPUse,
     NodeSelector,
@@ -37,9 +38,11 @@ from agent.announce.ownership import (
     place,
     plan,
     priority_for_rank,
+    rank_for_priority,
     rank_nodes,
     startup_delay_cs,
 )
+from agent.announce.vrrp.machine import master_down_interval
 from agent.model.net import IPAddress, IPFamily
 
 R = OwnershipReason
@@ -443,13 +446,43 @@ def test_label_selector(selector: NodeSelector, labels: dict[str, str], matches:
     ("rank", "priority"),
     [
         pytest.param(0, 254, id="the preferred holder advertises 254, never the owner's 255"),
-        pytest.param(1, 253, id="the first backup advertises 253"),
-        pytest.param(253, 1, id="rank 253 reaches the lowest usable priority 1"),
-        pytest.param(400, 1, id="ranks past 253 stay at 1 and never reach the resign value 0"),
+        pytest.param(
+            1, 253, id="the first backup advertises 253: crash failover as fast as before"
+        ),
+        pytest.param(2, 189, id="the second backup 64 below it"),
+        pytest.param(3, 125, id="the third 64 below that"),
+        pytest.param(4, 61, id="the fourth 64 below that"),
+        pytest.param(5, 60, id="past the fourth, one step at a time"),
+        pytest.param(64, 1, id="rank 64 reaches the lowest usable priority 1"),
+        pytest.param(400, 1, id="ranks past 64 stay at 1 and never reach the resign value 0"),
     ],
 )
 def test_priority_for_rank(rank: int, priority: int) -> None:
     assert priority_for_rank(rank) == priority
+    assert rank_for_priority(priority) == min(rank, 64)
+
+
+@pytest.mark.parametrize("interval_cs", [10, 100])
+def test_consecutive_backups_timers_are_a_quarter_interval_apart(interval_cs: int) -> None:
+    # After the holder (rank 0) crashes, rank r+1 must hear rank r's first advert before its
+    # own Master_Down_Timer fires: the gap is the margin against late timers.
+    margin = interval_cs * 10_000 * RANK_SPACING // 256
+    for rank in range(1, 4):
+        nearer = master_down_interval(priority_for_rank(rank), interval_cs)
+        further = master_down_interval(priority_for_rank(rank + 1), interval_cs)
+        assert further - nearer >= margin - 1, (rank, further - nearer)
+    # ... and the first backup is as quick as with the RFC's 254, 253, 252.
+    assert master_down_interval(priority_for_rank(1), interval_cs) == master_down_interval(
+        253, interval_cs
+    )
+
+
+def test_rank_for_priority_inverts_priority_for_rank_and_places_foreign_priorities() -> None:
+    for rank in range(70):
+        assert rank_for_priority(priority_for_rank(rank)) == min(rank, 64)
+    # A priority nodelb never sends (a keepalived peer's 150) ranks with the one it outranks.
+    assert rank_for_priority(150) == 3
+    assert rank_for_priority(255) == 0
 
 
 @pytest.mark.parametrize(
@@ -536,7 +569,7 @@ def test_instances_for_gives_each_node_its_rank_priority() -> None:
     ranking = rank_nodes(V4, ["node-a", "node-b", "node-c"])
     for rank, name in enumerate(ranking):
         (inst4,) = [i for i in instances_for(name, result) if i.family is IPFamily.IPV4]
-        assert inst4.priority == 254 - rank
+        assert inst4.priority == (254, 253, 189)[rank]
         assert inst4.addresses == (V4,)
         assert inst4.vrid == result.decision(V4).vrid  # type: ignore[union-attr]
     assert [i.version for i in instances_for("node-a", result)] == [4, 6]
