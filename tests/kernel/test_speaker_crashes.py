@@ -20,6 +20,7 @@ from functools import partial
 import pytest
 
 from agent.announce.ownership import priority_for_rank
+from agent.announce.settings import AnnounceSettings
 from agent.announce.vrrp.process import SpeakerProcess
 from agent.model.net import IPAddress
 from lab import netns
@@ -103,8 +104,13 @@ def adverts_from(lab: Lab, capture: object, src: dict[str, str], since_ns: int, 
 def start_ranked(
     lab: Lab, speakers: Speakers, node: LabNode, rank: int, run: int
 ) -> SpeakerProcess:
+    """Start `node`'s speaker at `rank`'s priority and the agent's real-time priority."""
     return speakers.start(
-        lab, node, VRRP.instances(priority_for_rank(rank)), name=f"{node.name}-{run}"
+        lab,
+        node,
+        VRRP.instances(priority_for_rank(rank)),
+        name=f"{node.name}-{run}",
+        rt_priority=AnnounceSettings().realtime_priority,
     )
 
 

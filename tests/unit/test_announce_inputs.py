@@ -49,11 +49,15 @@ def test_settings_parse_with_errors_naming_the_key() -> None:
     assert s.enabled and s.interface == "eth1" and s.speaker_cpu == 1
     assert (s.ownership.ipv4_vrids.first, s.ownership.ipv4_vrids.last) == (10, 20)
     assert not parse_announce(None).enabled
+    # Real-time scheduling is on unless turned off; SCHED_RR priorities are 1..99.
+    assert s.realtime_priority == 10
+    assert parse_announce({"realtimePriority": 0}).realtime_priority == 0
     cases = {
         "unknown announce keys: bogus": {"bogus": 1},
         "announce.advertIntervalCs": {"advertIntervalCs": 0},
         "announce.ipv6VRIDs": {"ipv6VRIDs": "0-300"},
         "announce.checksumMode": {"checksumMode": "crc"},
+        "announce.realtimePriority": {"realtimePriority": 100},
         "matchExpressions[0].operator": {
             "nodeSelector": {"matchExpressions": [{"key": "a", "operator": "Maybe"}]}
         },
