@@ -26,7 +26,7 @@ from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.announce.ownership import rank_nodes
+from agent.announce.ownership import IPUse, NodeState, OwnershipConfig, ServiceUse, plan
 from agent.model.net import IPAddress
 from lab import client, netns, nsclient
 from lab.cluster import LAB_ANNOUNCE, ClusterLab, frontend_keys, tcp_port
@@ -86,16 +86,26 @@ def served(cluster: ClusterLab, ip: IPAddress, count: int = 8) -> bool:
     return all(isinstance(r, client.Reply) for r in results)
 
 
+def ranking(cluster: ClusterLab, ip: IPAddress) -> tuple[str, ...]:
+    """Return the ranking of `ip`'s instance with every node Ready (the plan the agents run
+    until a dead node turns NotReady): its preferred holder first, then the backups."""
+    nodes = [NodeState(n.name, ready=True) for n in cluster.nodes]
+    use = IPUse(ip, (ServiceUse("default/web", local=False),))
+    (group,) = plan(nodes=nodes, ips=[use], config=OwnershipConfig()).groups
+    return group.ranking
+
+
 def settled(cluster: ClusterLab, ip: IPAddress, *, without: str | None = None) -> bool:
     """Return True when only the preferred holder holds `ip` and the client's entry names it.
 
     Every node is eligible for a Cluster-policy IP, so the preferred holder is the first of
-    all nodes (but `without`, a node whose agent is gone) by rendezvous rank. Until it holds
+    its bucket's ranking over all nodes (but `without`, a node that is gone, whose backup
+    takes over). Until it holds
     the IP the election is still moving: the first Master of a new instance is whichever
     node's timer fired first, and the preferred node preempts it when its own fires (later if
     its agent saw the Service later). A test that counts failed requests starts from here,
     so that it measures a settled holder."""
-    preferred = rank_nodes(ip, (n.name for n in cluster.nodes if n.name != without))[0]
+    preferred = next(n for n in ranking(cluster, ip) if n != without)
     found = holders(cluster, ip)
     return [n.name for n in found] == [preferred] and entry_names(cluster, ip, found[0])
 

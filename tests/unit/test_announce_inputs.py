@@ -18,7 +18,7 @@ from agent.announce.inputs import (
     peer_sources,
     speaker_config,
 )
-from agent.announce.ownership import IPUse, OwnershipConfig, plan, rank_nodes
+from agent.announce.ownership import IPUse, OwnershipConfig, plan
 from agent.announce.settings import AnnounceConfigError, parse_announce
 from agent.kube.node_report import parse_sources
 from agent.model.endpoint_slice import AddressType, Slice, SliceEndpoint
@@ -144,7 +144,8 @@ def test_each_node_runs_a_new_instance_with_the_startup_delay_of_its_rank() -> N
     nodes = node_states([Node(n, None, True, (), ()) for n in names])
     uses = ip_uses({"ns/a": [IP("198.19.0.1")]}, {"ns/a": service("a", "198.19.0.1")}, {})  # type: ignore[dict-item]
     p = plan(nodes=nodes, ips=uses, config=settings.ownership)
-    ranked = rank_nodes(IP("198.19.0.1"), names)
+    (group,) = p.groups
+    ranked = group.ranking
     delays = {}
     for name in names:
         cfg = speaker_config(
