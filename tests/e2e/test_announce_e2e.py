@@ -206,13 +206,20 @@ def test_a_crash_of_the_holder_moves_the_ip_and_the_client_follows(
     loop = RequestLoop(cluster.client_ns, ip, 80, timeout=1.0, log=tmp_path / "requests.jsonl")
     loop.start()
     try:
+        crashed_at = time.monotonic()
         cluster.crash_node(old.name)
         drop_endpoints_of(cluster, old)
         the_next_holder(cluster, ip, old)
         # A crash, not a handover: nothing on the dead node removed the address (a resigning
         # speaker removes it once the next holder advertises).
         assert holds(old, ip)
-        wait_until(lambda: served(cluster, ip), 10, "service to resume")
+        # Served, and past the loop's 1 s timeout after the crash: the request in flight then
+        # (its SYN went to the dead node) has failed, and one sent since has been answered.
+        wait_until(
+            lambda: time.monotonic() - crashed_at > 1.5 and served(cluster, ip),
+            10,
+            "service to resume",
+        )
     finally:
         requests = loop.stop()
         restart_stopped_agents(cluster)
