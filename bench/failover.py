@@ -8,13 +8,15 @@ interval 10 cs, preempt on, three gratuitous ARPs on takeover (keepalived:
 (one TCP connection every 5 ms, 50 ms timeout, each result stamped with CLOCK_MONOTONIC).
 
 Per repetition, with node-1 holding the VIP:
-- crash: node-1's segment link goes down (the node is gone) and its speaker / keepalived is
-  SIGKILLed (no priority-0 advert), so node-2 takes over after Master_Down_Interval;
+- crash: node-1 is crashed as the lab crashes a node (lab.vrrp_lab.crash: its switch port goes
+  down, then its speaker / keepalived is SIGKILLed by PID; no priority-0 advert), so node-2
+  takes over after Master_Down_Interval;
 - graceful: the speaker is stopped gracefully / keepalived gets SIGTERM (priority 0), so node-2
   takes over after Skew_Time.
 The outage is the longest time between two consecutive successful replies around the event,
 minus the 5 ms loop period, and the number of requests that failed in between ("lost").
-Then node-1 is restored (link up, stale VIP removed, daemon restarted) and takes the VIP back
+Then node-1 is restored (lab.vrrp_lab.revive: the stale VIP gone as after a reboot, link up;
+daemon restarted) and takes the VIP back
 by preemption before the next run. The event comes at a random phase of the advert interval
 (a seeded random wait of 200 ms plus 0-1 interval once node-1 answers): without it every run
 would hit the same phase, just after node-1's first adverts, and bias the crash figures.
@@ -34,7 +36,6 @@ import itertools
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -46,10 +47,9 @@ from typing import Any
 from agent.announce.vrrp.config import GratuitousConfig, InstanceConfig
 from agent.announce.vrrp.process import SpeakerProcess
 from bench.measure import percentile
-from lab import netns
 from lab.keepalived import KEEPALIVED, Keepalived, config_text, start_keepalived
 from lab.topology import Lab, LabNode, LabSpec
-from lab.vrrp_lab import holds, speaker_config, start_speaker
+from lab.vrrp_lab import crash, crash_speaker, revive, speaker_config, start_speaker
 from lab.wait import GiveUp, wait_until
 
 VIP = ipaddress.IPv4Address("198.18.0.230")
@@ -121,16 +121,11 @@ class Daemon:
         return self.keepalived.vrrp_pid()
 
     def crash(self) -> None:
-        """SIGKILL the daemon: no resignation, the VIP stays configured."""
+        """Crash the node: link down, the daemon SIGKILLed; the VIP stays configured."""
         if self.speaker is not None:
-            assert self.speaker.pid is not None
-            os.kill(self.speaker.pid, signal.SIGKILL)
-            self.speaker.stop(graceful=False)
+            crash_speaker(self.lab, self.node, self.speaker)
         elif self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self._vrrp_pid(), signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGKILL)
+            crash(self.lab, self.node, [self._vrrp_pid(), self.proc.pid])
             self.lab.stop(self.proc)
 
     def graceful(self) -> None:
@@ -202,7 +197,6 @@ def run_impl(lab: Lab, loop: subprocess.Popen[bytes], impl: str, reps: int) -> l
                 time.sleep(0.2 + rng.uniform(0, INTERVAL_CS / 100))  # phase, see above
                 event = time.monotonic()
                 if scenario == "crash":
-                    netns.run(n1.ns, ["ip", "link", "set", n1.ifname, "down"])
                     first.crash()
                 else:
                     first.graceful()
@@ -210,9 +204,7 @@ def run_impl(lab: Lab, loop: subprocess.Popen[bytes], impl: str, reps: int) -> l
                 ms, lost = outage(lab, loop, event, time.monotonic())
                 samples.append(Sample(impl, scenario, ms, lost))
                 # Restore node-1 and let it preempt the VIP back.
-                if holds(n1, VIP):
-                    netns.run(n1.ns, ["ip", "addr", "del", f"{VIP}/32", "dev", n1.ifname])
-                netns.run(n1.ns, ["ip", "link", "set", n1.ifname, "up"])
+                revive(lab, n1)
                 run += 1
                 first = Daemon(lab, n1, PRIORITIES[0], impl, run)
                 first.start()

@@ -49,6 +49,7 @@ from lab.topology import (
     LabNode,
     LabSpec,
 )
+from lab.vrrp_lab import child_speaker_pids, crash, revive
 from lab.wait import GiveUp, wait_until
 
 AGENT_METRICS_PORT = 9472
@@ -204,6 +205,7 @@ class ClusterLab(UpDown):
         self._agents: dict[str, subprocess.Popen[bytes]] = {}
         self._kube_proxies: dict[str, subprocess.Popen[bytes]] = {}
         self._routes: dict[IPAddress, str] = {}
+        self._crashed: set[str] = set()
 
     # -- accessors ---------------------------------------------------------------------------
 
@@ -321,6 +323,7 @@ class ClusterLab(UpDown):
             self._cp = None
         self._api = None
         self._routes.clear()
+        self._crashed.clear()
         try:
             self.lab.down()
         except Exception as exc:
@@ -538,10 +541,40 @@ class ClusterLab(UpDown):
             self._stop_together([proc])
 
     def kill_agent(self, node_name: str) -> None:
-        """SIGKILL the agent on `node_name` by PID (a crash: nothing is cleaned up by it)."""
+        """SIGKILL the agent's process group on `node_name` by PID: the agent crashes, the
+        node does not. Its speaker runs in a session of its own, sees its parent die and
+        resigns gracefully (priority 0), so the IP moves as in a handover; `crash_node` is
+        the crash of the whole node."""
         proc = self._agents.pop(node_name)
         netns.stop(proc, sig=signal.SIGKILL)
         self.lab.stop(proc)
+
+    def crash_node(self, node_name: str) -> None:
+        """Crash `node_name` as a power loss would: its segment link goes down, then its
+        speaker and its agent get SIGKILL, each by its own PID (the speaker runs in a session
+        of its own, so killing the agent's process group would only make it resign: a
+        graceful handover, not a crash). Nothing is cleaned up; `revive_node` boots it again.
+        """
+        proc = self._agents.pop(node_name)
+        node = self.lab.node(node_name)
+        crash(self.lab, node, child_speaker_pids(proc.pid))
+        netns.stop(proc, sig=signal.SIGKILL)
+        self.lab.stop(proc)
+        self._crashed.add(node_name)
+
+    @property
+    def crashed(self) -> frozenset[str]:
+        """Return the nodes `crash_node` took down that no `revive_node` brought back."""
+        return frozenset(self._crashed)
+
+    def revive_node(self, node_name: str) -> None:
+        """Boot a crashed node again: the addresses and the nodelb table its agent left are
+        gone (a reboot clears them), its link comes up, and its agent starts (waited for)."""
+        node = self.lab.node(node_name)
+        revive(self.lab, node)
+        netns.run(node.ns, ["nft", "delete", "table", "inet", "nodelb"], check=False)
+        self._crashed.discard(node_name)
+        self.start_agent(node_name)
 
     def restart_agent(self, node_name: str) -> None:
         """Stop and start the agent on `node_name`; returns once it is ready again."""

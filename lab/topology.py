@@ -346,6 +346,40 @@ class Lab(UpDown):
         netns.stop(proc)
         self._state.procs = [t for t in self._state.procs if t.proc is not proc]
 
+    # -- the segment's cables ----------------------------------------------------------------
+
+    def switch_port(self, host: Host) -> str:
+        """Return the name of `host`'s port on the switch bridge (in `switch_ns`)."""
+        return f"sw-{host.name}"[:15]
+
+    def unplug(self, host: Host) -> None:
+        """Take `host`'s switch port down: nothing it sends reaches the segment, nothing on
+        the segment reaches it, and its own interface loses carrier (a pulled cable, or a
+        node that lost power). Its namespace, addresses and processes are left as they are."""
+        self._ip(self.switch_ns, f"link set {self.switch_port(host)} down")
+
+    def plug(self, host: Host) -> None:
+        """Bring `host`'s switch port up again (after `unplug`)."""
+        self._ip(self.switch_ns, f"link set {self.switch_port(host)} up")
+
+    def forget_addresses(self, host: Host) -> list[str]:
+        """Remove every address of `host`'s segment interface but its own and its link-local
+        one, as a reboot would (the addresses a crashed VRRP speaker left behind); return them.
+        """
+        out = netns.run(host.ns, ["ip", "-j", "addr", "show", "dev", host.ifname]).stdout
+        own = {str(host.ip4), str(host.ip6)}
+        removed = []
+        for link in json.loads(out):
+            for a in link["addr_info"]:
+                local = a["local"]
+                if local in own or local.startswith("fe80:"):
+                    continue
+                netns.run(
+                    host.ns, ["ip", "addr", "del", f"{local}/{a['prefixlen']}", "dev", host.ifname]
+                )
+                removed.append(local)
+        return removed
+
     def log_of(self, proc: subprocess.Popen[bytes]) -> str:
         """Return what a tracked process has written so far ('' if nothing)."""
         for tracked in self._state.procs:
@@ -466,7 +500,7 @@ class Lab(UpDown):
         self._ip(sw, f"link set {SWITCH_BRIDGE} up")
         for h in self.segment_hosts():
             self._create_ns(h.ns, router=isinstance(h, LabNode))
-            port = f"sw-{h.name}"[:15]
+            port = self.switch_port(h)
             self._ip(sw, f"link add name {port} type veth peer name {h.ifname} netns {h.ns}")
             self._ip(sw, f"link set {port} master {SWITCH_BRIDGE}")
             self._ip(sw, f"link set {port} up")

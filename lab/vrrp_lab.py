@@ -12,6 +12,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -188,6 +189,51 @@ def stop_all(speakers: Iterable[SpeakerProcess]) -> None:
     for sp in speakers:
         with contextlib.suppress(Exception):
             sp.stop(graceful=False, timeout=5.0)
+
+
+def child_speaker_pids(parent: int) -> list[int]:
+    """Return the PIDs of the speakers whose parent is process `parent` (an agent).
+
+    The agent starts its speaker in a session of its own, so signalling the agent's process
+    group never reaches it: a crash has to kill it by its own PID.
+    """
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # exited meanwhile
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and b"agent.announce.vrrp.speaker" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def crash(lab: Lab, node: LabNode, pids: Iterable[int]) -> None:
+    """Crash `node` as a power loss would: its segment link goes down, then each of `pids`
+    (its VRRP daemons) gets SIGKILL by PID. No priority-0 advert leaves, nothing is cleaned
+    up: the addresses they held stay on the node, unreachable (see `revive`)."""
+    lab.unplug(node)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def crash_speaker(lab: Lab, node: LabNode, speaker: SpeakerProcess) -> None:
+    """Crash `node` (see `crash`) whose only daemon is `speaker`, and reap the speaker."""
+    assert speaker.pid is not None
+    crash(lab, node, [speaker.pid])
+    speaker.stop(graceful=False)  # reaps the killed child
+
+
+def revive(lab: Lab, node: LabNode) -> None:
+    """Boot `node` again after `crash`: the addresses its daemons held are gone (a reboot),
+    then its link comes up. Its daemons are the caller's to start."""
+    lab.forget_addresses(node)
+    lab.plug(node)
 
 
 def holds(host: Host, address: IPAddress) -> bool:

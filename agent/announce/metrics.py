@@ -80,6 +80,12 @@ class SpeakerMetrics:
             ["family"],
             registry=registry,
         )
+        self.realtime = Gauge(
+            "nodelb_speaker_realtime_priority",
+            "The SCHED_RR priority the VRRP speaker runs at; 0 when it runs at normal priority"
+            " (real-time scheduling off, or refused by the node).",
+            registry=registry,
+        )
         self._last: dict[tuple[int, tuple[str, ...]], int] = {}
         self._instances: set[tuple[str, str]] = set()
         self._pid: int | None = None
@@ -121,3 +127,4 @@ class SpeakerMetrics:
             self._advance(self.gratuitous_sent, (family_label(family_n), kind), count)
         for f in (4, 6):
             self.held.labels(family_label(f)).set(sum(1 for a in status.held if a.version == f))
+        self.realtime.set(status.realtime_priority)

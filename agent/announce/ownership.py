@@ -18,44 +18,47 @@ first that fails is the node's reason):
 
 An IP with no eligible node gets no VRID and no holder (`NO_ELIGIBLE_NODES`).
 
-**Ranking.** The eligible nodes of an IP are ranked by rendezvous (highest-random-weight)
-hashing: weight = blake2b("nodelb-hrw", IP bytes, node name), highest first, ties (vanishingly
-rare with 64-bit weights) by name. Rank 0 is the *preferred holder*. Adding a node moves only
-the IPs it now wins; removing one moves only the IPs it held (at `PER_IP` and `PER_HOLDER`,
-where every IP stays on its own winner). Rank r advertises VRRP priority
-`254 - r` (floor 1). 255 is RFC 5798's address owner (§5.2.4) and never used; a node that is
-not eligible for an instance does not run it at all.
+**Ranking.** Nodes are ranked by rendezvous (highest-random-weight) hashing: weight =
+blake2b("nodelb-hrw", key, node name), highest first, ties (vanishingly rare with 64-bit
+weights) by name, where the key is the IP (`rank_nodes`) or an instance's key
+(`rank_by_key`); which key ranks an instance is said under VRIDs below. Rank 0 is the
+*preferred holder*. Rank r advertises VRRP priority
+`priority_for_rank(r)`: 254, 253, then 64 apart (189, 125, 61), then down by one (floor 1), so
+that consecutive backups' timers are a quarter interval apart. 255 is RFC 5798's address
+owner (§5.2.4) and never used; a node that is not eligible for an instance does not run it.
 
-**VRIDs and sharing.** IPv4 and IPv6 VRIDs are separate spaces on the wire, so each family is
-planned alone within its configured range of V VRIDs. IPs that share a VRID share one master,
-so only IPs whose holder is correct for all of them are grouped, at the first level that fits:
+**VRIDs and buckets.** IPv4 and IPv6 VRIDs are separate spaces on the wire, so each family is
+planned alone within its configured range of V VRIDs, split in two (`split_range`): the
+first three quarters are *buckets*, the last quarter the *Local range*.
 
-- `PER_IP` (at most V IPs with eligible nodes): one instance per IP.
-- `PER_HOLDER` (more IPs than VRIDs): one instance per (eligible set, preferred holder). Every
-  IP keeps its own preferred holder; only backups past rank 0 follow the group's first IP.
-- `PER_ELIGIBLE_SET` (more such classes than VRIDs): one instance per eligible set, ranked
-  like its first IP. Spread across holders is lost; correctness is not.
-- Still more instances than VRIDs: the V instances with the most IPs (then by key) are
-  kept; the IPs of the others are not held (`VRID_EXHAUSTED`). Merging two eligible sets
-  could hand an IP to a node that must not hold it, so this is a hard limit: at most V
-  distinct eligible sets per family (V = 255 with the full range).
+- An IP no Local Service uses (every eligible node may hold it) goes to the bucket its
+  address hashes to (`bucket_of`: blake2b of the address alone, mod the buckets). A bucket
+  is one VRRP instance, and its ranking is the bucket's, not any IP's: the rendezvous order
+  of the eligible nodes for the bucket, with holders bounded to floor or ceil of buckets /
+  nodes each (`bucket_rankings`). Rank 0 is the preferred holder of every IP in it.
+- An IP a Local Service uses goes to the Local range: one instance per (eligible set, the
+  IP's own rendezvous winner), `PER_BUCKET`, ranked holder first and then by the key's
+  rendezvous order; when those do not fit, one per eligible set (`PER_ELIGIBLE_SET`, spread
+  lost); when even those do not, the instances with the most IPs (then by key) are kept and
+  the others' IPs are not held (`VRID_EXHAUSTED`). Instances never mix eligible sets: the
+  winner of an instance must be allowed to hold every address in it. Local keys are placed
+  in key order at blake2b(key) mod the Local range, or the next free VRID (`place`).
+
+Why buckets: a VRID then depends on the IP's address alone, and a holder on the node set and
+the bucket alone, so adding or removing IPs never moves an IP that stays (no regrouping when
+a count crosses V, no probing chain): issue #18 saw the 256th IP move a fixed Service's IP to
+another VRID, two nodes hold it for 0.6 s and a long-lived connection break. A node joining
+or leaving moves the buckets it wins or held, and a few others the load bound shifts.
 
 One advert lists all of its instance's addresses and must fit a 1500-byte frame, so an
-instance carries at most 255 IPv4 or 90 IPv6 addresses (configurable lower); a larger group
-is cut, in address order, into chunks that are instances of their own and count against V.
-So a family holds at most V × 255 IPv4 or V × 90 IPv6 addresses.
+instance carries at most 255 IPv4 or 90 IPv6 addresses (configurable lower). A bucket over
+that keeps the lowest addresses and the rest are `VRID_EXHAUSTED`; a Local group over it is
+cut, in address order, into chunks that are instances of their own. A family holds at most
+(3V/4) × 255 IPv4 or × 90 IPv6 addresses in buckets.
 
 An IP alone in its instance has reason `ASSIGNED`; one sharing with others `VRID_SHARED`,
 or `VRID_SHARED_ACROSS_HOLDERS` when the instance's preferred holder is not the IP's own
 rendezvous winner (only at `PER_ELIGIBLE_SET`).
-
-**Stable VRIDs.** Each instance has a key (the IP at `PER_IP`, its eligible set and holder at
-`PER_HOLDER`, its eligible set at `PER_ELIGIBLE_SET`). Instances are placed in key order,
-each at blake2b(key) mod V or, when taken, the next free VRID (cyclic linear probing). Adding
-an instance never moves one whose key sorts before it; those after it move only along one
-chain of displacements inside the run of consecutive taken VRIDs it lands in (none when its
-home VRID is free, the common case below half load). Changing the sharing level regroups the
-family; preferred holders do not change when going from `PER_IP` to `PER_HOLDER`.
 
 Nothing here does I/O.
 """
@@ -63,6 +66,7 @@ Nothing here does I/O.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -76,6 +80,14 @@ MAX_ADDRESSES_IPV4 = 255
 MAX_ADDRESSES_IPV6 = 90
 MAX_PRIORITY = 254  # 255 means "address owner" (RFC 5798 §5.2.4); nodelb never owns an IP
 MIN_PRIORITY = 1  # 0 means "resigning" (§5.2.4)
+# The priorities of the first ranks (see priority_for_rank): the first backup sits just below
+# the holder, so a crash fails over as fast as the RFC allows; each rank after it is
+# RANK_SPACING below the one before, so its Skew_Time, and with it both its Master_Down and
+# its takeover after a resignation, is RANK_SPACING / 256 of an interval later (25 ms at
+# 10 cs, 250 ms at 1 s): well above the timer lateness the speaker reports, so the next
+# backup hears the new Master before its own timer fires.
+RANK_SPACING = 64
+SPACED_PRIORITIES = (254, 253, 189, 125, 61)
 STAGGERED_RANKS = 3  # ranks past this wait no longer at Startup (see startup_delay_cs)
 VRID_MIN, VRID_MAX = 1, 255  # §5.2.3
 
@@ -97,9 +109,8 @@ class OwnershipReason(enum.StrEnum):
 class SharingLevel(enum.StrEnum):
     """How a family's IPs are grouped into VRRP instances (see the module docstring)."""
 
-    PER_IP = "PerIP"
-    PER_HOLDER = "PerHolder"
-    PER_ELIGIBLE_SET = "PerEligibleSet"
+    PER_BUCKET = "PerBucket"  # Local-only IPs per (eligible set, holder): the usual level
+    PER_ELIGIBLE_SET = "PerEligibleSet"  # Local-only IPs per eligible set: the range was short
 
 
 class SelectorOperator(enum.StrEnum):
@@ -339,14 +350,33 @@ def family_of(ip: IPAddress) -> IPFamily:
 
 
 def priority_for_rank(rank: int) -> int:
-    """Return the VRRP priority of rank `rank` (0 = preferred holder): 254 down to 1.
+    """Return the VRRP priority of rank `rank` (0 = preferred holder).
 
-    Ranks past 253 all get 1; VRRP then orders them by primary address, which only matters
-    once 254 nodes above them have failed.
+    Ranks 0-4 get SPACED_PRIORITIES (254, 253, 189, 125, 61): after the holder crashes, the
+    first backup's Master_Down_Interval is the RFC's shortest but one, and the second
+    backup's is 64/256 of an interval longer, so it hears the new Master's first advert long
+    before it would take over itself. RFC 5798's plain 254, 253, 252 put two backups
+    interval/256 apart (0.4 ms at 10 cs), and both took over after a crash. Ranks past 4 go
+    down by one from 60 (only reached after five nodes have failed); past 64 they all get 1,
+    and VRRP orders them by primary address.
     """
     if rank < 0:
         raise ValueError(f"rank {rank} is negative")
-    return max(MAX_PRIORITY - rank, MIN_PRIORITY)
+    if rank < len(SPACED_PRIORITIES):
+        return SPACED_PRIORITIES[rank]
+    return max(SPACED_PRIORITIES[-1] - 1 - (rank - len(SPACED_PRIORITIES)), MIN_PRIORITY)
+
+
+def rank_for_priority(priority: int) -> int:
+    """Return the lowest rank that advertises `priority` (the inverse of priority_for_rank).
+
+    A priority between two spaced ones (never advertised by nodelb, say a keepalived peer's)
+    gets the rank of the spaced priority just below it, the rank it outranks.
+    """
+    for rank, spaced in enumerate(SPACED_PRIORITIES):
+        if priority >= spaced:
+            return rank
+    return len(SPACED_PRIORITIES) + max(0, SPACED_PRIORITIES[-1] - 1 - priority)
 
 
 def startup_delay_cs(priority: int, advert_interval_cs: int) -> int:
@@ -363,7 +393,7 @@ def startup_delay_cs(priority: int, advert_interval_cs: int) -> int:
     IP comes up one interval later. Only the first Master_Down_Timer is longer: failover
     timing is unchanged.
     """
-    rank = MAX_PRIORITY - priority
+    rank = rank_for_priority(priority)
     return max(0, min(rank, STAGGERED_RANKS)) * advert_interval_cs
 
 
@@ -452,82 +482,190 @@ class _Candidate:
     ip: IPAddress
     eligible: frozenset[str]
     ineligible: tuple[Ineligible, ...]
+    local: bool  # a Service using it has externalTrafficPolicy Local
 
 
 @dataclass(frozen=True, slots=True)
 class _Draft:
     key: bytes
-    addresses: tuple[IPAddress, ...]  # sorted; the first one anchors the ranking
+    addresses: tuple[IPAddress, ...]  # sorted
     eligible: frozenset[str]
+    ranking: tuple[str, ...]
 
 
-def _drafts(
-    candidates: list[_Candidate], level: SharingLevel, max_addresses: int
-) -> tuple[list[_Draft], int]:
-    """Return the instances of one family at `level`, and how many there are.
+def split_range(vrids: VridRange) -> tuple[VridRange, VridRange | None]:
+    """Return (the bucket range, the Local range) a family's VRIDs are split into.
 
-    A group with more than `max_addresses` IPs is cut, in address order, into chunks; the
-    first chunk keeps the group's key, so it keeps its VRID when the group grows.
+    The bucket range, the first three quarters (all but one VRID of a range of two or three;
+    all of a single VRID), carries the IPs every eligible node may hold, each at the bucket
+    its address hashes to; the Local range (None when empty) carries the instances of IPs only
+    some nodes may hold.
     """
-    buckets: dict[bytes, list[_Candidate]] = {}
+    local = vrids.size // 4 if vrids.size >= 4 else min(1, vrids.size - 1)
+    if local == 0:
+        return vrids, None
+    return VridRange(vrids.first, vrids.last - local), VridRange(vrids.last - local + 1, vrids.last)
+
+
+def bucket_of(ip: IPAddress, buckets: VridRange) -> int:
+    """Return the VRID of `ip`'s bucket: a hash of the address alone, so no other IP and no
+    node can ever change it."""
+    return buckets.first + _home(b"ip\0" + ip.packed, buckets.size)
+
+
+def rank_by_key(key: bytes, nodes: Iterable[str]) -> tuple[str, ...]:
+    """Return `nodes` ordered by rendezvous weight for an instance key, highest first."""
+
+    def w(node: str) -> int:
+        h = _HRW.copy()
+        h.update(b"key\0" + key + b"\0")
+        h.update(node.encode())
+        return int.from_bytes(h.digest(), "big")
+
+    return tuple(sorted(nodes, key=lambda n: (-w(n), n)))
+
+
+def preferred_holder(ip: IPAddress, nodes: Iterable[str], vrids: VridRange = VridRange()) -> str:
+    """Return the preferred holder of an IP every one of `nodes` may hold (a Cluster-policy
+    IP with `nodes` the eligible ones): its bucket's rank 0."""
+    buckets, _ = split_range(vrids)
+    return bucket_rankings(frozenset(nodes), buckets)[bucket_of(ip, buckets)][0]
+
+
+def _bucket_key(vrid: int) -> bytes:
+    return b"bucket\0" + vrid.to_bytes(1, "big")
+
+
+@functools.lru_cache(maxsize=16)
+def bucket_rankings(nodes: frozenset[str], buckets: VridRange) -> dict[int, tuple[str, ...]]:
+    """Return every bucket's ranking over `nodes`: its holder, then the others by rendezvous.
+
+    Holders by rendezvous with bounded load: buckets in VRID order each go to the first node
+    in their rendezvous order that still has room, a node's room being floor(buckets /
+    nodes), plus one for the first (buckets mod nodes) nodes to reach it; so every node
+    holds the same number of buckets, give or take one (plain rendezvous over 191 buckets
+    gave three nodes 81, 59 and 51). The answer depends on the node set and the range only,
+    never on the IPs. The returned dict is shared: do not change it.
+    """
+    if not nodes:
+        return {}
+    floor, extra = divmod(buckets.size, len(nodes))
+    load: dict[str, int] = dict.fromkeys(nodes, 0)
+    out: dict[int, tuple[str, ...]] = {}
+    for vrid in range(buckets.first, buckets.last + 1):
+        order = rank_by_key(_bucket_key(vrid), nodes)
+        holder = next(n for n in order if load[n] < floor or (load[n] == floor and extra > 0))
+        if load[holder] == floor:
+            extra -= 1
+        load[holder] += 1
+        out[vrid] = (holder, *(n for n in order if n != holder))
+    return out
+
+
+def _bucket_drafts(
+    candidates: list[_Candidate], base: frozenset[str], buckets: VridRange, max_addresses: int
+) -> tuple[dict[int, _Draft], list[IPAddress]]:
+    """Return the bucket instances by VRID, and the IPs a full bucket cannot carry.
+
+    A bucket's ranking (`bucket_rankings`) depends on the eligible nodes and the bucket, not
+    on any of its IPs, so adding or removing an IP never changes another IP's VRID or holder.
+    """
+    members: dict[int, list[IPAddress]] = {}
     for c in candidates:
-        if level is SharingLevel.PER_IP:
-            key = b"ip\0" + c.ip.packed
-        elif level is SharingLevel.PER_HOLDER:
-            key = b"holder\0" + _top(c.ip, c.eligible).encode() + b"\0\0" + _set_bytes(c.eligible)
+        members.setdefault(bucket_of(c.ip, buckets), []).append(c.ip)
+    rankings = bucket_rankings(base, buckets) if members else {}
+    drafts: dict[int, _Draft] = {}
+    overflow: list[IPAddress] = []
+    for vrid, ips in members.items():
+        ips.sort(key=_ip_sort_key)
+        overflow += ips[max_addresses:]
+        drafts[vrid] = _Draft(_bucket_key(vrid), tuple(ips[:max_addresses]), base, rankings[vrid])
+    return drafts, overflow
+
+
+def _local_drafts(
+    candidates: list[_Candidate], level: SharingLevel, max_addresses: int
+) -> list[_Draft]:
+    """Return the instances of the IPs only some nodes may hold, at `level`.
+
+    PER_BUCKET: one per (eligible set, the IP's own rendezvous winner); its backups follow the
+    key's rendezvous order. PER_ELIGIBLE_SET: one per eligible set. A group over
+    `max_addresses` is cut into chunks in address order, each an instance of its own.
+    """
+    groups: dict[bytes, list[_Candidate]] = {}
+    for c in candidates:
+        if level is SharingLevel.PER_BUCKET:
+            holder = _top(c.ip, c.eligible)
+            key = b"holder\0" + holder.encode() + b"\0\0" + _set_bytes(c.eligible)
         else:
             key = b"set\0" + _set_bytes(c.eligible)
-        buckets.setdefault(key, []).append(c)
+        groups.setdefault(key, []).append(c)
     drafts: list[_Draft] = []
-    for key, members in buckets.items():
-        addresses = sorted((c.ip for c in members), key=_ip_sort_key)
+    for key, group in groups.items():
+        eligible = group[0].eligible
+        addresses = sorted((c.ip for c in group), key=_ip_sort_key)
+        if level is SharingLevel.PER_BUCKET:
+            holder = _top(addresses[0], eligible)
+            ranking = (holder, *rank_by_key(key, eligible - {holder}))
+        else:
+            ranking = rank_by_key(key, eligible)
         for n, start in enumerate(range(0, len(addresses), max_addresses)):
             drafts.append(
                 _Draft(
                     key=key if n == 0 else key + b"\0\0chunk" + n.to_bytes(2, "big"),
                     addresses=tuple(addresses[start : start + max_addresses]),
-                    eligible=members[0].eligible,
+                    eligible=eligible,
+                    ranking=ranking,
                 )
             )
-    return drafts, len(drafts)
+    return drafts
 
 
 def _plan_family(
-    family: IPFamily, candidates: list[_Candidate], vrids: VridRange, max_addresses: int
+    family: IPFamily,
+    candidates: list[_Candidate],
+    vrids: VridRange,
+    max_addresses: int,
+    base: frozenset[str],
 ) -> tuple[SharingLevel, list[Group], dict[IPAddress, OwnershipReason]]:
-    """Return the sharing level, the instances and each IP's reason for one family."""
-    level = SharingLevel.PER_IP
-    drafts, count = _drafts(candidates, level, max_addresses)
-    for next_level in (SharingLevel.PER_HOLDER, SharingLevel.PER_ELIGIBLE_SET):
-        if count <= vrids.size:
-            break
-        level = next_level
-        drafts, count = _drafts(candidates, level, max_addresses)
+    """Return the sharing level, the instances and each IP's reason for one family.
+
+    `base` is every node that passes the IP-independent rules, the eligible set of every IP
+    no Local Service uses: those go to their address's bucket; the others to the Local
+    range, even when their pods happen to be on every node, so that which range an IP is in
+    depends on its own Services alone, never on the nodes.
+    """
+    buckets, local_range = split_range(vrids)
+    everywhere = [c for c in candidates if not c.local]
+    local = [c for c in candidates if c.local]
     reasons: dict[IPAddress, OwnershipReason] = {}
-    if count > vrids.size:
-        # Only PER_ELIGIBLE_SET gets here: keep the instances serving the most IPs.
-        drafts.sort(key=lambda d: (-len(d.addresses), d.key))
-        for dropped in drafts[vrids.size :]:
-            for ip in dropped.addresses:
-                reasons[ip] = OwnershipReason.VRID_EXHAUSTED
-        drafts = drafts[: vrids.size]
-    placed = place((d.key for d in drafts), vrids)
+    by_vrid, overflow = _bucket_drafts(everywhere, base, buckets, max_addresses)
+    for ip in overflow:
+        reasons[ip] = OwnershipReason.VRID_EXHAUSTED
+    level = SharingLevel.PER_BUCKET
+    local_drafts: list[_Draft] = []
+    if local:
+        size = 0 if local_range is None else local_range.size
+        local_drafts = _local_drafts(local, level, max_addresses)
+        if len(local_drafts) > size:
+            level = SharingLevel.PER_ELIGIBLE_SET
+            local_drafts = _local_drafts(local, level, max_addresses)
+        if len(local_drafts) > size:
+            local_drafts.sort(key=lambda d: (-len(d.addresses), d.key))
+            for dropped in local_drafts[size:]:
+                for ip in dropped.addresses:
+                    reasons[ip] = OwnershipReason.VRID_EXHAUSTED
+            local_drafts = local_drafts[:size]
+        if local_range is not None:
+            placed = place((d.key for d in local_drafts), local_range)
+            by_vrid.update((placed[d.key], d) for d in local_drafts)
     groups: list[Group] = []
-    for d in drafts:
-        ranking = rank_nodes(d.addresses[0], d.eligible)
-        groups.append(
-            Group(
-                family=family,
-                vrid=placed[d.key],
-                addresses=d.addresses,
-                ranking=ranking,
-                key=d.key,
-            )
-        )
+    for vrid, d in by_vrid.items():
+        groups.append(Group(family, vrid, d.addresses, d.ranking, d.key))
         for ip in d.addresses:
             if len(d.addresses) == 1:
                 reasons[ip] = OwnershipReason.ASSIGNED
-            elif level is SharingLevel.PER_ELIGIBLE_SET and _top(ip, d.eligible) != ranking[0]:
+            elif d.key.startswith(b"set\0") and _top(ip, d.eligible) != d.ranking[0]:
                 reasons[ip] = OwnershipReason.VRID_SHARED_ACROSS_HOLDERS
             else:
                 reasons[ip] = OwnershipReason.VRID_SHARED
@@ -570,7 +708,8 @@ def plan(
                 eligible.add(name)
             else:
                 ineligible.append(Ineligible(name, reason))
-        cand = _Candidate(use.ip, frozenset(eligible), tuple(ineligible))
+        is_local = any(s.local for s in use.services)
+        cand = _Candidate(use.ip, frozenset(eligible), tuple(ineligible), is_local)
         (by_family[use.family] if eligible else no_holder).append(cand)
 
     decisions: list[IPDecision] = [
@@ -581,9 +720,10 @@ def plan(
     ]
     groups: list[Group] = []
     levels: dict[IPFamily, SharingLevel] = {}
+    everyone = frozenset(name for name, r in base if r is OwnershipReason.ELIGIBLE)
     for family, candidates in by_family.items():
         level, fam_groups, reasons = _plan_family(
-            family, candidates, config.vrids(family), config.max_addresses(family)
+            family, candidates, config.vrids(family), config.max_addresses(family), everyone
         )
         levels[family] = level
         groups.extend(fam_groups)

@@ -14,7 +14,10 @@
       reportNamespace: nodelb-system  # where each node's report Lease lives
       reportLeaseSeconds: 30
       speakerCPU: null            # pin the speaker to this CPU and the agent to the others
-      realtimePriority: 0         # SCHED_RR priority of the speaker (needs CAP_SYS_NICE)
+      realtimePriority: 10        # SCHED_RR priority of the speaker; 0 = normal scheduling.
+                                  # Needs CAP_SYS_NICE; refused, the speaker runs at normal
+                                  # priority, logs why and reports 0 in
+                                  # nodelb_speaker_realtime_priority
       keepalivedPeers: []         # keepalived boxes on the segment: peers, any priority
 
 Parsed once, with errors naming the key, into frozen values (`AnnounceSettings`).
@@ -94,7 +97,8 @@ class AnnounceSettings:
     # On kernels without full preemption a long nft commit in the agent can delay the
     # speaker's timers when both share a CPU; pinning them apart keeps adverts on time.
     speaker_cpu: int | None = None
-    realtime_priority: int = 0
+    # On by default: at normal priority a loaded node's timers ran up to 2.3 s late.
+    realtime_priority: int = 10
     # Peers that are not nodelb (keepalived standing in as a backup): their adverts are
     # accepted and may carry any priority; nodelb peers may not send 255 or leave the plan's
     # rank range (docs/vrrp.md).
@@ -247,6 +251,6 @@ def _parse(raw: Mapping[str, Any]) -> AnnounceSettings:
         ),
         report_lease_seconds=whole("reportLeaseSeconds", 30, 2, 3600),
         speaker_cpu=optional_integer(raw, "speakerCPU", "announce.speakerCPU", lo=0, hi=4095),
-        realtime_priority=whole("realtimePriority", 0, 0, 99),
+        realtime_priority=whole("realtimePriority", 10, 0, 99),
         keepalived_peers=_addresses(raw, "keepalivedPeers"),
     )

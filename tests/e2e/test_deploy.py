@@ -303,6 +303,7 @@ def test_agent_pod_needs_the_privileged_level_its_namespace_sets(admin: client.A
     assert exc.status == 403
     message = api_message(exc)
     assert "hostNetwork" in message and "NET_ADMIN" in message, message
+    assert "SYS_NICE" in message, message  # the speaker's real-time scheduling
 
 
 # -- (b) RBAC, checked with the ServiceAccounts' own tokens ----------------------------------

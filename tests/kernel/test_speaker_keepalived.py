@@ -9,7 +9,6 @@ checksum mode. Both directions: nodelb master with keepalived backup, and the re
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 from agent.announce.vrrp.process import SpeakerProcess
 from lab.keepalived import KEEPALIVED, Keepalived
 from lab.topology import Lab, LabNode, LabSpec
-from lab.vrrp_lab import DualStack, Speakers, holds, link_local
+from lab.vrrp_lab import DualStack, Speakers, crash, crash_speaker, holds, link_local, revive
 from lab.wait import wait_until
 from tests.kernel.test_keepalived_smoke import VIP4, VIP6, VRID, start_peer
 
@@ -49,11 +48,10 @@ def holds_none(node: LabNode) -> bool:
     return not holds(node, VIP4) and not holds(node, VIP6)
 
 
-def crash(lab: Lab, ka: Keepalived) -> None:
-    """SIGKILL keepalived's VRRP process, then its parent: no priority-0 advert is sent."""
-    os.kill(ka.vrrp_pid(), signal.SIGKILL)
-    if ka.proc.poll() is None:
-        os.kill(ka.proc.pid, signal.SIGKILL)
+def crash_keepalived(lab: Lab, node: LabNode, ka: Keepalived) -> None:
+    """Crash `node` (link down, then SIGKILL of keepalived's VRRP process and its parent):
+    no priority-0 advert is sent."""
+    crash(lab, node, [ka.vrrp_pid(), ka.proc.pid])
     ka.proc.wait(timeout=TIMEOUT)
     lab.stop(ka.proc)
 
@@ -78,13 +76,13 @@ def test_keepalived_backs_up_a_nodelb_master_and_yields_back_when_it_returns(
     assert holds_both(n1) and holds_none(n2)
     assert "Entering MASTER STATE" not in lab.log_of(ka.proc)
 
-    assert master.pid is not None
-    os.kill(master.pid, signal.SIGKILL)
+    crash_speaker(lab, n1, master)
     wait_until(lambda: holds_both(n2), TIMEOUT, "keepalived taking over after nodelb's crash")
     assert lab.log_of(ka.proc).count("Entering MASTER STATE") == 2
 
+    revive(lab, n1)
     back = speakers.start(lab, n1, VRRP.instances(150), name="nodelb-1-back")
-    # nodelb's stale VIPs from the crash are removed at start, then re-added as it preempts.
+    # node-1 comes back without the VIPs (rebooted) and adds them as it preempts.
     wait_until(lambda: nodelb_state(back) == ("Master", "Master"), TIMEOUT, "nodelb preempting")
     wait_until(lambda: holds_none(n2), TIMEOUT, "keepalived yielding the VIPs")
     assert holds_both(n1)
@@ -120,10 +118,11 @@ def test_a_nodelb_backup_follows_keepalived_takes_over_and_is_preempted_back(
     assert status.dropped == (), status.dropped
     assert holds_none(n2)
 
-    crash(lab, ka)
+    crash_keepalived(lab, n1, ka)
     wait_until(lambda: nodelb_state(backup) == ("Master", "Master"), TIMEOUT, "nodelb takeover")
     wait_until(lambda: holds_both(n2), TIMEOUT, "nodelb holding the VIPs")
 
+    revive(lab, n1)
     ka2 = start_peer(lab, n1, priority=150, workdir=tmp_path / "second")
     wait_until(lambda: nodelb_state(backup) == ("Backup", "Backup"), TIMEOUT, "keepalived back")
     wait_until(lambda: holds_none(n2), TIMEOUT, "nodelb removing the VIPs")

@@ -13,12 +13,14 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 
 import pytest
 
+from agent.announce.settings import AnnounceSettings
 from agent.announce.vrrp.machine import master_down_interval
 from agent.announce.vrrp.process import SpeakerProcess
 from agent.dataplane.applier import Dataplane
@@ -34,6 +36,7 @@ VRRP = DualStack.numbered(vrid=77, host=220, interval_cs=10)
 VIP4, VIP6, VRID, INTERVAL_CS = VRRP.vip4, VRRP.vip6, VRRP.vrid, VRRP.interval_cs
 INTERVAL_NS = INTERVAL_CS * 10_000_000
 TOLERANCE = 0.2
+LATE_GAP = 1.5  # intervals: the most a gap may last with both CPUs loaded
 LOAD_SECONDS = 4.0
 TIMEOUT = 30.0
 RT_PRIORITY = 10  # as the agent runs it (SpeakerProcess rt_priority, CAP_SYS_NICE)
@@ -217,3 +220,75 @@ def test_a_10k_service_sync_in_the_parent_never_delays_adverts_into_a_failover(
         )
         assert all(g < mdi for _, g in gaps), (kind, late)
     backup_never_took_over(backup)
+
+
+BUSY_LOOP = "while True: pass"
+
+
+@pytest.mark.parametrize("pinned", [True, False], ids=["speaker on a CPU of its own", "unpinned"])
+def test_with_both_cpus_busy_and_a_10k_sync_no_advert_is_late_and_no_backup_takes_over(
+    make_lab: Callable[[LabSpec], Lab], speakers: Speakers, pinned: bool
+) -> None:
+    """Both CPUs loaded (a busy loop per CPU in its own process, four threads and a real
+    10k-Service full sync in this one), the speakers at the agent's default real-time
+    priority: no gap between the master's adverts exceeds 1.5 intervals, the backup never
+    takes over, and no sample finds the VIP on both nodes.
+
+    Pinned: the master's speaker on the last CPU and this process's load on the others, as
+    the agent does with `announce.speakerCPU`; the busy loops run everywhere.
+    """
+    every = os.sched_getaffinity(0)
+    if len(every) < 2:
+        pytest.skip("loading both CPUs needs two")
+    speaker_cpu = max(every)
+    lab = make_lab(LabSpec(nodes=2, pods_per_node=0, with_controlplane=False))
+    assert lab.client is not None
+    n1, n2 = lab.nodes
+    capture = start_capture(lab, lab.client, name="capture")
+    rt = AnnounceSettings().realtime_priority
+    master = speakers.start(
+        lab, n1, instances(200), name="n1", rt_priority=rt, cpus=(speaker_cpu,) if pinned else ()
+    )
+    backup = speakers.start(lab, n2, instances(100), name="n2", rt_priority=rt)
+    wait_until(lambda: holds(n1, VIP4) and holds(n1, VIP6), TIMEOUT, "node-1 master")
+    busy = [
+        lab.spawn(n2.ns, [sys.executable, "-c", BUSY_LOOP], log_name=f"busy-{i}")
+        for i in range(len(every))
+    ]
+    both: list[float] = []
+    stop = threading.Event()
+
+    def sample() -> None:  # the VIP on both nodes at once, seen from the kernels
+        while not stop.is_set():
+            if holds(n1, VIP4) and holds(n2, VIP4):
+                both.append(time.monotonic())
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        start_ns, end_ns, sync_s = run_load(
+            lab,
+            threads=4,
+            sync_services=10_000,
+            seconds=LOAD_SECONDS,
+            cpus=every - {speaker_cpu} if pinned else None,
+        )
+    finally:
+        stop.set()
+        sampler.join()
+        for proc in busy:
+            lab.stop(proc)
+    status = master.status()
+    assert status is not None and status.realtime_priority == rt, status
+    for kind, gaps in advert_gaps(lab, capture, start_ns, end_ns).items():
+        worst = max(g for _, g in gaps)
+        print(
+            f"{kind} ({'pinned' if pinned else 'unpinned'}): {len(gaps)} gaps, 10k-Service sync"
+            f" {sync_s:.2f} s, longest gap {worst:.2f} intervals; speaker timers late > 10 ms:"
+            f" {status.timers_late} (max {status.timer_late_max_us} µs)"
+        )
+        late = [(t, round(g, 3)) for t, g in gaps if g > LATE_GAP]
+        assert not late, f"{kind}: (seconds into the window, gap / interval) over 1.5: {late}"
+    backup_never_took_over(backup)
+    assert not both, f"the VIP on both nodes at {both}"

@@ -20,7 +20,7 @@ from agent.announce.inputs import (
     peer_sources,
     speaker_config,
 )
-from agent.announce.ownership import IPUse, OwnershipConfig, plan, rank_nodes
+from agent.announce.ownership import IPUse, OwnershipConfig, plan
 from agent.announce.settings import AnnounceConfigError, AnnounceSettings, parse_announce
 from agent.announce.vrrp.config import DEFAULT_REFRESH_S
 from agent.kube.node_report import PeerReport, parse_sources
@@ -53,11 +53,15 @@ def test_settings_parse_with_errors_naming_the_key() -> None:
     assert s.enabled and s.interface == "eth1" and s.speaker_cpu == 1
     assert (s.ownership.ipv4_vrids.first, s.ownership.ipv4_vrids.last) == (10, 20)
     assert not parse_announce(None).enabled
+    # Real-time scheduling is on unless turned off; SCHED_RR priorities are 1..99.
+    assert s.realtime_priority == 10
+    assert parse_announce({"realtimePriority": 0}).realtime_priority == 0
     cases = {
         "unknown announce keys: bogus": {"bogus": 1},
         "announce.advertIntervalCs": {"advertIntervalCs": 0},
         "announce.ipv6VRIDs": {"ipv6VRIDs": "0-300"},
         "announce.checksumMode": {"checksumMode": "crc"},
+        "announce.realtimePriority": {"realtimePriority": 100},
         "matchExpressions[0].operator": {
             "nodeSelector": {"matchExpressions": [{"key": "a", "operator": "Maybe"}]}
         },
@@ -174,7 +178,8 @@ def test_each_node_runs_a_new_instance_with_the_startup_delay_of_its_rank() -> N
     nodes = node_states([Node(n, None, True, (), ()) for n in names])
     uses = ip_uses({"ns/a": [IP("198.19.0.1")]}, {"ns/a": service("a", "198.19.0.1")}, {})  # type: ignore[dict-item]
     p = plan(nodes=nodes, ips=uses, config=settings.ownership)
-    ranked = rank_nodes(IP("198.19.0.1"), names)
+    (group,) = p.groups
+    ranked = group.ranking
     delays = {}
     for name in names:
         cfg = speaker_config(
@@ -186,7 +191,7 @@ def test_each_node_runs_a_new_instance_with_the_startup_delay_of_its_rank() -> N
         )
         [inst] = cfg.instances
         delays[name] = (inst.priority, inst.startup_delay_cs)
-    assert [delays[n] for n in ranked] == [(254, 0), (253, 20), (252, 40)]
+    assert [delays[n] for n in ranked] == [(254, 0), (253, 20), (189, 40)]
 
 
 # --- the incremental ownership input ---------------------------------------------------------

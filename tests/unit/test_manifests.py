@@ -165,10 +165,11 @@ def test_namespace_admits_the_privileged_agent() -> None:
 # -- the agent DaemonSet ----------------------------------------------------------------------
 
 
-def test_agent_adds_exactly_net_admin_and_net_raw_and_drops_the_rest() -> None:
+def test_agent_adds_exactly_net_admin_net_raw_and_sys_nice_and_drops_the_rest() -> None:
     sc = container(*AGENT)["securityContext"]
     assert sc["capabilities"]["drop"] == ["ALL"]
-    assert sorted(sc["capabilities"]["add"]) == ["NET_ADMIN", "NET_RAW"]
+    # SYS_NICE: the speaker's SCHED_RR, on by default (announce.realtimePriority).
+    assert sorted(sc["capabilities"]["add"]) == ["NET_ADMIN", "NET_RAW", "SYS_NICE"]
     assert sc["privileged"] is False
     assert sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] is True

@@ -20,6 +20,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from agent.announce.ownership import (
+    RANK_SPACING,
     Ineligible,
     IPUse,
     NodeSelector,
@@ -32,14 +33,19 @@ from agent.announce.ownership import (
     ServiceUse,
     SharingLevel,
     VridRange,
+    bucket_of,
+    bucket_rankings,
     family_of,
     instances_for,
     place,
     plan,
     priority_for_rank,
+    rank_for_priority,
     rank_nodes,
+    split_range,
     startup_delay_cs,
 )
+from agent.announce.vrrp.machine import master_down_interval
 from agent.model.net import IPAddress, IPFamily
 
 R = OwnershipReason
@@ -80,7 +86,7 @@ class Case:
     ips: tuple[IPUse, ...]
     expect: dict[IPAddress, Expect]
     config: OwnershipConfig = field(default_factory=OwnershipConfig)
-    ipv4_sharing: SharingLevel = SharingLevel.PER_IP
+    ipv4_sharing: SharingLevel = SharingLevel.PER_BUCKET
     groups: int | None = None  # None: not checked
 
 
@@ -92,23 +98,19 @@ def bad(*pairs: tuple[str, OwnershipReason]) -> frozenset[tuple[str, OwnershipRe
     return frozenset(pairs)
 
 
-FIVE = tuple(ipaddress.IPv4Address("198.19.2.0") + i for i in range(5))
 TWELVE = tuple(ipaddress.IPv4Address("198.19.1.0") + i for i in range(12))
 
 
-def one_set_expectations(
-    ips: Sequence[IPAddress], nodes: frozenset[str]
-) -> dict[IPAddress, Expect]:
-    """Expect every IP in one instance ranked like the first IP: VRIDShared where that agrees
-    with the IP's own rendezvous winner, VRIDSharedAcrossHolders where it does not."""
-    holder = rank_nodes(ips[0], nodes)[0]
-    return {
-        ip: Expect(
-            R.VRID_SHARED if rank_nodes(ip, nodes)[0] == holder else R.VRID_SHARED_ACROSS_HOLDERS,
-            nodes,
-        )
-        for ip in ips
-    }
+def same_bucket(count: int) -> list[IPAddress]:
+    """Return `count` IPv4 addresses whose hashes put them in one bucket of the full range."""
+    buckets, _ = split_range(VridRange())
+    base = ipaddress.IPv4Address("198.19.3.0")
+    home = bucket_of(base, buckets)
+    found: list[IPAddress] = [base + i for i in range(4096) if bucket_of(base + i, buckets) == home]
+    return found[:count]
+
+
+BUCKETED = tuple(sorted(same_bucket(3)))
 
 
 ONE_VRID = OwnershipConfig(ipv4_vrids=VridRange(7, 7), ipv6_vrids=VridRange(7, 7))
@@ -237,44 +239,23 @@ CASES = [
                 V4B: Expect(R.VRID_SHARED, names("a")),
                 V4C: Expect(R.VRID_SHARED, names("a")),
             },
-            ipv4_sharing=SharingLevel.PER_HOLDER,
             groups=1,
         ),
-        id="more IPs than VRIDs with one holder share one instance with reason VRIDShared",
+        id="a range of one VRID is one bucket: every IP shares it with reason VRIDShared",
     ),
     pytest.param(
         Case(
-            nodes=(node("a"),),
-            ips=tuple(use(ip) for ip in FIVE),
-            config=OwnershipConfig(ipv4_vrids=VridRange(1, 3), ipv4_max_addresses=2),
+            nodes=(node("a"), node("b")),
+            ips=tuple(use(ip) for ip in BUCKETED),
+            config=OwnershipConfig(ipv4_max_addresses=2),
             expect={
-                FIVE[0]: Expect(R.VRID_SHARED, names("a")),
-                FIVE[1]: Expect(R.VRID_SHARED, names("a")),
-                FIVE[2]: Expect(R.VRID_SHARED, names("a")),
-                FIVE[3]: Expect(R.VRID_SHARED, names("a")),
-                FIVE[4]: Expect(R.ASSIGNED, names("a")),
+                BUCKETED[0]: Expect(R.VRID_SHARED, names("a", "b")),
+                BUCKETED[1]: Expect(R.VRID_SHARED, names("a", "b")),
+                BUCKETED[2]: Expect(R.VRID_EXHAUSTED, names("a", "b")),
             },
-            ipv4_sharing=SharingLevel.PER_HOLDER,
-            groups=3,
+            groups=1,
         ),
-        id="a group larger than one advert can carry is cut into instances in address order",
-    ),
-    pytest.param(
-        Case(
-            nodes=(node("a"),),
-            ips=tuple(use(ip) for ip in FIVE),
-            config=OwnershipConfig(ipv4_vrids=VridRange(1, 2), ipv4_max_addresses=2),
-            expect={
-                FIVE[0]: Expect(R.VRID_SHARED, names("a")),
-                FIVE[1]: Expect(R.VRID_SHARED, names("a")),
-                FIVE[2]: Expect(R.VRID_SHARED, names("a")),
-                FIVE[3]: Expect(R.VRID_SHARED, names("a")),
-                FIVE[4]: Expect(R.VRID_EXHAUSTED, names("a")),
-            },
-            ipv4_sharing=SharingLevel.PER_ELIGIBLE_SET,
-            groups=2,
-        ),
-        id="more chunks than VRIDs: the fullest instances are kept and the rest wait",
+        id="a bucket carries what one advert can, in address order; the rest are not held",
     ),
     pytest.param(
         Case(
@@ -282,12 +263,12 @@ CASES = [
             ips=(use(V4, local("default/web", "a")), use(V4B, local("default/web", "a"))),
             config=OwnershipConfig(ipv4_vrids=VridRange(1, 2)),
             expect={
-                V4: Expect(R.ASSIGNED, names("a"), bad(("b", R.NO_LOCAL_ENDPOINT))),
-                V4B: Expect(R.ASSIGNED, names("a"), bad(("b", R.NO_LOCAL_ENDPOINT))),
+                V4: Expect(R.VRID_SHARED, names("a"), bad(("b", R.NO_LOCAL_ENDPOINT))),
+                V4B: Expect(R.VRID_SHARED, names("a"), bad(("b", R.NO_LOCAL_ENDPOINT))),
             },
-            groups=2,
+            groups=1,
         ),
-        id="as many IPs as VRIDs do not share, even when they could",
+        id="Local IPs of one eligible set and holder share one instance in the Local range",
     ),
     pytest.param(
         Case(
@@ -297,7 +278,7 @@ CASES = [
                 use(V4B, local("default/api", "b")),
                 use(V4C, local("default/web", "a")),
             ),
-            config=OwnershipConfig(ipv4_vrids=VridRange(1, 1)),
+            config=OwnershipConfig(ipv4_vrids=VridRange(1, 2)),
             expect={
                 V4: Expect(R.VRID_SHARED, names("a"), bad(("b", R.NO_LOCAL_ENDPOINT))),
                 V4B: Expect(R.VRID_EXHAUSTED, names("b"), bad(("a", R.NO_LOCAL_ENDPOINT))),
@@ -313,11 +294,10 @@ CASES = [
             nodes=(node("a"), node("b"), node("c")),
             ips=tuple(use(ip) for ip in TWELVE),
             config=OwnershipConfig(ipv4_vrids=VridRange(10, 11)),
-            expect=one_set_expectations(TWELVE, names("a", "b", "c")),
-            ipv4_sharing=SharingLevel.PER_ELIGIBLE_SET,
+            expect={ip: Expect(R.VRID_SHARED, names("a", "b", "c")) for ip in TWELVE},
             groups=1,
         ),
-        id="more holder classes than VRIDs group by eligible set and give up the spread",
+        id="a range of two VRIDs keeps one bucket for every Cluster-policy IP, one for Local",
     ),
 ]
 
@@ -355,9 +335,20 @@ def test_ownership_decisions(case: Case) -> None:
     assert not problems, "\n".join(problems)
 
 
-def test_the_twelve_ip_case_exercises_both_sharing_reasons() -> None:
-    reasons = {e.reason for e in one_set_expectations(TWELVE, names("a", "b", "c")).values()}
-    assert reasons == {R.VRID_SHARED, R.VRID_SHARED_ACROSS_HOLDERS}
+def test_local_ips_grouped_by_eligible_set_report_which_share_across_holders() -> None:
+    """A Local range of one VRID and Local IPs whose own winners differ: one instance per
+    eligible set, VRIDSharedAcrossHolders for the IPs whose own winner is not its holder."""
+    nodes = (node("a"), node("b"), node("c"))
+    ips = [use(ip, local("default/web", "a", "b")) for ip in TWELVE]
+    result = plan(nodes=nodes, ips=ips, config=OwnershipConfig(ipv4_vrids=VridRange(1, 2)))
+    assert result.ipv4_sharing is SharingLevel.PER_ELIGIBLE_SET
+    (group,) = result.groups
+    assert group.vrid == 2  # the Local range
+    for d in result.ips:
+        own = rank_nodes(d.ip, ("a", "b"))[0]
+        want = R.VRID_SHARED if own == group.ranking[0] else R.VRID_SHARED_ACROSS_HOLDERS
+        assert d.reason is want, d
+    assert {d.reason for d in result.ips} == {R.VRID_SHARED, R.VRID_SHARED_ACROSS_HOLDERS}
 
 
 SELECTOR_CASES = [
@@ -443,13 +434,43 @@ def test_label_selector(selector: NodeSelector, labels: dict[str, str], matches:
     ("rank", "priority"),
     [
         pytest.param(0, 254, id="the preferred holder advertises 254, never the owner's 255"),
-        pytest.param(1, 253, id="the first backup advertises 253"),
-        pytest.param(253, 1, id="rank 253 reaches the lowest usable priority 1"),
-        pytest.param(400, 1, id="ranks past 253 stay at 1 and never reach the resign value 0"),
+        pytest.param(
+            1, 253, id="the first backup advertises 253: crash failover as fast as before"
+        ),
+        pytest.param(2, 189, id="the second backup 64 below it"),
+        pytest.param(3, 125, id="the third 64 below that"),
+        pytest.param(4, 61, id="the fourth 64 below that"),
+        pytest.param(5, 60, id="past the fourth, one step at a time"),
+        pytest.param(64, 1, id="rank 64 reaches the lowest usable priority 1"),
+        pytest.param(400, 1, id="ranks past 64 stay at 1 and never reach the resign value 0"),
     ],
 )
 def test_priority_for_rank(rank: int, priority: int) -> None:
     assert priority_for_rank(rank) == priority
+    assert rank_for_priority(priority) == min(rank, 64)
+
+
+@pytest.mark.parametrize("interval_cs", [10, 100])
+def test_consecutive_backups_timers_are_a_quarter_interval_apart(interval_cs: int) -> None:
+    # After the holder (rank 0) crashes, rank r+1 must hear rank r's first advert before its
+    # own Master_Down_Timer fires: the gap is the margin against late timers.
+    margin = interval_cs * 10_000 * RANK_SPACING // 256
+    for rank in range(1, 4):
+        nearer = master_down_interval(priority_for_rank(rank), interval_cs)
+        further = master_down_interval(priority_for_rank(rank + 1), interval_cs)
+        assert further - nearer >= margin - 1, (rank, further - nearer)
+    # ... and the first backup is as quick as with the RFC's 254, 253, 252.
+    assert master_down_interval(priority_for_rank(1), interval_cs) == master_down_interval(
+        253, interval_cs
+    )
+
+
+def test_rank_for_priority_inverts_priority_for_rank_and_places_foreign_priorities() -> None:
+    for rank in range(70):
+        assert rank_for_priority(priority_for_rank(rank)) == min(rank, 64)
+    # A priority nodelb never sends (a keepalived peer's 150) ranks with the one it outranks.
+    assert rank_for_priority(150) == 3
+    assert rank_for_priority(255) == 0
 
 
 @pytest.mark.parametrize(
@@ -524,19 +545,21 @@ def test_hashes_are_pinned_so_mixed_versions_agree() -> None:
         "node-c",
     )
     result = plan(nodes=nodes, ips=[use(V4), use(V6)], config=OwnershipConfig())
-    assert [(g.family, g.vrid, g.addresses) for g in result.groups] == [
-        (IPFamily.IPV4, 181, (V4,)),
-        (IPFamily.IPV6, 219, (V6,)),
+    # The buckets (a hash of the address) and their bounded-load rendezvous rankings.
+    assert [(g.family, g.vrid, g.addresses, g.ranking) for g in result.groups] == [
+        (IPFamily.IPV4, 106, (V4,), ("node-d", "node-e", "node-a", "node-c", "node-b")),
+        (IPFamily.IPV6, 102, (V6,), ("node-d", "node-c", "node-a", "node-b", "node-e")),
     ]
 
 
 def test_instances_for_gives_each_node_its_rank_priority() -> None:
     nodes = [node("node-a"), node("node-b"), node("node-c"), node("node-d", ready=False)]
     result = plan(nodes=nodes, ips=[use(V4), use(V6)], config=OwnershipConfig())
-    ranking = rank_nodes(V4, ["node-a", "node-b", "node-c"])
-    for rank, name in enumerate(ranking):
+    (group4,) = [g for g in result.groups if g.family is IPFamily.IPV4]
+    assert set(group4.ranking) == {"node-a", "node-b", "node-c"}
+    for rank, name in enumerate(group4.ranking):
         (inst4,) = [i for i in instances_for(name, result) if i.family is IPFamily.IPV4]
-        assert inst4.priority == 254 - rank
+        assert inst4.priority == (254, 253, 189)[rank]
         assert inst4.addresses == (V4,)
         assert inst4.vrid == result.decision(V4).vrid  # type: ignore[union-attr]
     assert [i.version for i in instances_for("node-a", result)] == [4, 6]
@@ -545,36 +568,35 @@ def test_instances_for_gives_each_node_its_rank_priority() -> None:
 
 
 def test_holders_spread_evenly_over_ten_nodes() -> None:
-    """1000 IPs over 10 nodes: each node prefers 100 ± 25 (binomial sd ≈ 9.5)."""
+    """1000 IPs over 10 nodes: each node holds 19 or 20 of the 191 buckets, and so about
+    100 IPs (measured 86-113: the buckets' own sizes vary, about 5 ± 2.3 IPs each)."""
     nodes = [node(f"node-{i}") for i in range(10)]
     base = ipaddress.IPv4Address("198.19.0.0")
     result = plan(nodes=nodes, ips=[use(base + i) for i in range(1000)], config=OwnershipConfig())
-    assert result.ipv4_sharing is SharingLevel.PER_HOLDER
-    assert len(result.groups) == 10  # one instance per holder: the spread survives sharing
+    buckets, _ = split_range(VridRange())
+    assert len(result.groups) <= buckets.size
+    per_node = Counter(
+        r[0] for r in bucket_rankings(frozenset(n.name for n in nodes), buckets).values()
+    )
+    assert set(per_node.values()) <= {19, 20}, per_node
     counts = Counter(d.holder for d in result.ips)
     assert set(counts) == {n.name for n in nodes}
-    assert all(75 <= c <= 125 for c in counts.values()), counts
+    assert all(70 <= c <= 130 for c in counts.values()), counts
 
 
-def test_vrid_moves_stay_rare_up_to_half_load() -> None:
-    """Adding IPs one at a time in descending order (each new key sorts first, the worst order
-    for placement in key order) up to half the range moves few existing VRIDs: measured 60
-    moves over 126 additions, at most 5 at once (other bases: 38-53 moves, 2-4 at once)."""
-    nodes = [node(f"node-{c}") for c in "abcde"]
-    base = ipaddress.IPv4Address("198.19.4.0")
-    prev: dict[IPAddress, int | None] = {}
-    moved_total, moved_max = 0, 0
-    for n in range(1, 128):
-        result = plan(
-            nodes=nodes, ips=[use(base + (200 - i)) for i in range(n)], config=OwnershipConfig()
-        )
-        cur = {d.ip: d.vrid for d in result.ips}
-        moved = sum(1 for ip, vrid in prev.items() if cur[ip] != vrid)
-        moved_total += moved
-        moved_max = max(moved_max, moved)
+def test_growing_past_255_ips_moves_no_ip_that_stays() -> None:
+    """200 -> 300 -> 1000 Cluster-policy IPs, as issue #18 grew them (crossing 255 used to
+    regroup every IP): no IP already there changes VRID or holder."""
+    nodes = [node(f"node-{c}") for c in "abc"]
+    base = ipaddress.IPv4Address("198.18.64.0")
+    prev: dict[IPAddress, tuple[int | None, str | None]] = {}
+    for n in (200, 300, 1000, 300, 200):
+        result = plan(nodes=nodes, ips=[use(base + i) for i in range(n)], config=OwnershipConfig())
+        cur = {d.ip: (d.vrid, d.holder) for d in result.ips}
+        assert all(d.reason is not R.VRID_EXHAUSTED for d in result.ips)
+        moved = {ip: (was, cur[ip]) for ip, was in prev.items() if ip in cur and cur[ip] != was}
+        assert not moved, moved
         prev = cur
-    assert moved_max <= 5
-    assert moved_total <= 63  # fewer than one move per two additions
 
 
 # --- properties ---------------------------------------------------------------------------
@@ -735,19 +757,43 @@ def test_invariants_hold_at_every_sharing_level_with_many_ips(world: World) -> N
     st.integers(0, 2**17 - 700),
 )
 def test_holders_spread_within_six_standard_deviations(m: int, n: int, offset: int) -> None:
-    """HRW makes each node's share binomial(n, 1/m); 6 sd makes a false failure ~1e-9."""
+    """A node holding k of the B buckets holds binomial(n, k/B) of n IPs (each address hashes
+    to a bucket); 6 sd makes a false failure ~1e-9."""
     nodes = [node(f"node-{i}") for i in range(m)]
     base = ipaddress.IPv4Address("198.18.0.0") + offset
     result = plan(nodes=nodes, ips=[use(base + i) for i in range(n)], config=OwnershipConfig())
     counts = Counter(d.holder for d in result.ips)
+    buckets, _ = split_range(VridRange())
+    held = Counter(
+        r[0] for r in bucket_rankings(frozenset(x.name for x in nodes), buckets).values()
+    )
+    assert max(held.values()) - min(held.values()) <= 1, held  # bounded load: balanced buckets
     mean = n / m
-    sd = (n * (1 / m) * (1 - 1 / m)) ** 0.5
+    p = max(held.values()) / buckets.size
+    sd = (n * p * (1 - p)) ** 0.5
     assert len(counts) == m
     assert all(abs(c - mean) <= 6 * sd for c in counts.values()), (counts, mean, sd)
 
 
 def holders(result: Plan) -> dict[IPAddress, str | None]:
     return {d.ip: d.holder for d in result.ips}
+
+
+def vrid_of(result: Plan, ip: IPAddress) -> int | None:
+    d = result.decision(ip)
+    return None if d is None else d.vrid
+
+
+def bucketed(world: World, result: Plan) -> set[IPAddress]:
+    """Return the held IPs `result` put in a bucket (every eligible node may hold them)."""
+    out = set()
+    for d in result.ips:
+        if d.vrid is None:
+            continue
+        buckets, _ = split_range(world.config.vrids(d.family))
+        if buckets.first <= d.vrid <= buckets.last:
+            out.add(d.ip)
+    return out
 
 
 @settings(max_examples=120, deadline=None)
@@ -773,13 +819,20 @@ def test_adding_a_node_moves_only_the_ips_it_wins(
     )
     before = plan(nodes=world.nodes, ips=ips, config=world.config)
     after = plan(nodes=(*world.nodes, added), ips=ips, config=world.config)
-    # Grouping by eligible set alone gives up per-IP holders (documented); outside it, an
-    # IP's preferred holder is its own rendezvous winner, so only the newcomer can take over.
+    # Grouping by eligible set alone gives up per-IP holders (documented). Otherwise a Local
+    # IP's preferred holder is its own rendezvous winner, so only the newcomer can take it;
+    # a bucket's holder is its rendezvous winner under a load bound, so a few buckets shift
+    # between the others as the bound tightens, never more than the newcomer takes.
     levels = {before.ipv4_sharing, before.ipv6_sharing, after.ipv4_sharing, after.ipv6_sharing}
     assume(SharingLevel.PER_ELIGIBLE_SET not in levels)
     a, b = holders(before), holders(after)
-    moved = {ip: (a[ip], b[ip]) for ip in a if a[ip] != b[ip]}
-    assert all(to == new for _, to in moved.values()), moved
+    # Held before and after: an IP a full bucket or Local range turned away is not a move.
+    moved = {ip: (a[ip], b[ip]) for ip in a if None not in (a[ip], b[ip]) and a[ip] != b[ip]}
+    in_bucket = bucketed(world, before) & bucketed(world, after)
+    assert all(to == new for ip, (_, to) in moved.items() if ip not in in_bucket), moved
+    shifted = {vrid_of(after, ip) for ip, (_, to) in moved.items() if to != new}
+    taken = {vrid_of(after, ip) for ip, (_, to) in moved.items() if to == new}
+    assert len(shifted) <= max(1, len(taken)), (shifted, taken)
 
 
 @settings(max_examples=120, deadline=None)
@@ -794,8 +847,14 @@ def test_removing_a_node_moves_only_the_ips_it_held(world: World, data: st.DataO
     levels = {before.ipv4_sharing, before.ipv6_sharing, after.ipv4_sharing, after.ipv6_sharing}
     assume(SharingLevel.PER_ELIGIBLE_SET not in levels)
     a, b = holders(before), holders(after)
-    moved = {ip: (a[ip], b[ip]) for ip in a if a[ip] != b[ip]}
-    assert all(frm == gone for frm, _ in moved.values()), moved
+    moved = {ip: (a[ip], b[ip]) for ip in a if None not in (a[ip], b[ip]) and a[ip] != b[ip]}
+    in_bucket = bucketed(world, before) & bucketed(world, after)
+    assert all(frm == gone for ip, (frm, _) in moved.items() if ip not in in_bucket), moved
+    # Buckets: the load bound loosens, so a few of the others' buckets may shift, never more
+    # than the gone node held.
+    shifted = {vrid_of(after, ip) for ip, (frm, _) in moved.items() if frm != gone}
+    lost = {vrid_of(before, ip) for ip, (frm, _) in moved.items() if frm == gone}
+    assert len(shifted) <= max(1, len(lost)), (shifted, lost)
 
 
 def run_of(vrid: int, taken: set[int], rng: VridRange) -> set[int]:
@@ -831,69 +890,86 @@ def test_placing_one_more_key_moves_only_a_chain_after_it(
     assert all(after[k] in run for k in moved), "a displaced key left the new key's run"
 
 
+def local_keys(world: World, result: Plan) -> set[tuple[IPFamily, bytes]]:
+    """Return the keys of the instances in the Local ranges."""
+    out = set()
+    for g in result.groups:
+        _, local_range = split_range(world.config.vrids(g.family))
+        if local_range is not None and local_range.first <= g.vrid <= local_range.last:
+            out.add((g.family, g.key))
+    return out
+
+
 @settings(max_examples=100, deadline=None)
-@given(worlds(max_ips=30, vrid_sizes=st.integers(40, 255)), st.data())
-def test_adding_an_ip_keeps_other_vrids_except_a_displaced_chain(
+@given(worlds(max_ips=40, vrid_sizes=st.integers(1, 255)), st.data())
+def test_adding_and_removing_ips_never_moves_an_ip_that_stays(
     world: World, data: st.DataObject
 ) -> None:
-    offset = data.draw(st.integers(0, 2**17 - 1))
-    ip = ipaddress.IPv4Address("198.18.0.0") + offset
-    assume(ip not in {u.ip for u in world.ips})
-    new = data.draw(ip_uses(ip, [n.name for n in world.nodes]))
-    before = plan_of(world)
-    after = plan(nodes=world.nodes, ips=(*world.ips, new), config=world.config)
-    assert before.ipv4_sharing is SharingLevel.PER_IP  # at most 31 IPs in >= 40 VRIDs
-    assert after.ipv4_sharing is SharingLevel.PER_IP
-    b = {g.addresses[0]: g.vrid for g in before.groups if g.family is IPFamily.IPV4}
-    a = {g.addresses[0]: g.vrid for g in after.groups if g.family is IPFamily.IPV4}
-    moved = {k for k in b if a[k] != b[k]}
-    assert all(int(k) > int(ip) for k in moved)
-    if ip not in a:
-        assert not moved, "an IP that is not held took a VRID"
-    else:
-        run = run_of(a[ip], set(a.values()), world.config.ipv4_vrids)
-        assert all(a[k] in run for k in moved)
+    """Random sequences of IPs added and removed (issue #18 item 3): an IP that is in the
+    plan before and after a step, unchanged itself, keeps its VRID and holder, always when
+    every eligible node may hold it (a bucket) and whenever the step leaves the set of Local
+    instances as it was (a new Local instance may displace another in its range: probing)."""
+    names = [n.name for n in world.nodes]
+    current = {u.ip: u for u in world.ips}
+    before = plan(nodes=world.nodes, ips=current.values(), config=world.config)
+    for _ in range(data.draw(st.integers(1, 12))):
+        remove = data.draw(st.booleans())
+        if current and remove:
+            del current[data.draw(st.sampled_from(sorted(current, key=lambda a: (a.version, a))))]
+        else:
+            v6 = data.draw(st.booleans())
+            ip: IPAddress = (
+                ipaddress.IPv6Address("2001:db8::") + data.draw(st.integers(0, 2**96 - 1))
+                if v6
+                else ipaddress.IPv4Address("198.18.0.0") + data.draw(st.integers(0, 2**17 - 1))
+            )
+            if ip in current:
+                continue
+            current[ip] = data.draw(ip_uses(ip, names))
+        after = plan(nodes=world.nodes, ips=current.values(), config=world.config)
+        stay = {d.ip: d for d in after.ips if d.vrid is not None}
+        was = {d.ip: d for d in before.ips if d.vrid is not None and d.ip in stay}
+        moved = {
+            ip for ip, d in was.items() if (d.vrid, d.holder) != (stay[ip].vrid, stay[ip].holder)
+        }
+        in_buckets = bucketed(world, before) & bucketed(world, after)
+        assert not moved & in_buckets, sorted(moved & in_buckets)
+        if local_keys(world, before) == local_keys(world, after):
+            assert not moved, sorted(moved)
+        before = after
 
 
 @settings(max_examples=120, deadline=None)
-@given(worlds(max_ips=40, vrid_sizes=st.integers(1, 40)))
-def test_vrids_are_shared_only_past_the_range_size(world: World) -> None:
+@given(worlds(max_ips=300, vrid_sizes=st.integers(1, 255)))
+def test_buckets_hold_every_ip_all_nodes_may_hold_and_the_local_range_the_rest(
+    world: World,
+) -> None:
     result = plan_of(world)
+    local_ips = {u.ip for u in world.ips if any(svc.local for svc in u.services)}
     for family in IPFamily:
-        held = [d for d in result.ips if d.family is family and d.eligible]
-        size = world.config.vrids(family).size
-        groups = [g for g in result.groups if g.family is family]
-        level = result.sharing(family)
-        if len(held) <= size:
-            assert level is SharingLevel.PER_IP
-            assert all(d.reason is R.ASSIGNED for d in held)
-            assert len(groups) == len(held)
-            continue
-        assert level is not SharingLevel.PER_IP
-        assert len(groups) <= size
-        own_top = {d.ip: rank_nodes(d.ip, d.eligible)[0] for d in held}
-        per_class = Counter((frozenset(d.eligible), own_top[d.ip]) for d in held)
-        per_set = Counter(frozenset(d.eligible) for d in held)
+        buckets, local_range = split_range(world.config.vrids(family))
         most = world.config.max_addresses(family)
-        class_chunks = sum(-(-n // most) for n in per_class.values())
-        set_chunks = sum(-(-n // most) for n in per_set.values())
-        if level is SharingLevel.PER_HOLDER:
-            # Sharing keeps every IP at its own preferred holder.
-            assert class_chunks <= size
-            assert all(d.holder == own_top[d.ip] for d in held)
-        else:
-            assert class_chunks > size
-        exhausted = [d for d in held if d.reason is R.VRID_EXHAUSTED]
-        assert bool(exhausted) == (set_chunks > size)
-        if exhausted:
-            assert len(groups) == size
-            kept = sorted((len(g.addresses) for g in groups), reverse=True)
-            assert len(exhausted) == len(held) - sum(kept)
-    assert all(
-        d.reason not in (R.VRID_SHARED, R.VRID_SHARED_ACROSS_HOLDERS)
-        or sum(1 for g in result.groups if d.ip in g.addresses and len(g.addresses) > 1) == 1
-        for d in result.ips
-    )
+        groups = [g for g in result.groups if g.family is family]
+        held = [d for d in result.ips if d.family is family and d.eligible]
+        for d in held:
+            if d.ip not in local_ips:
+                if d.reason is not R.VRID_EXHAUSTED:
+                    assert d.vrid == bucket_of(d.ip, buckets), d
+                else:  # only a full bucket turns one away
+                    mates = [x for x in held if x.vrid == bucket_of(d.ip, buckets)]
+                    assert len(mates) == most, d
+            elif d.vrid is not None:
+                assert local_range is not None and local_range.first <= d.vrid <= local_range.last
+            else:
+                assert d.reason is R.VRID_EXHAUSTED
+                assert (
+                    local_range is None
+                    or len([g for g in groups if local_range.first <= g.vrid <= local_range.last])
+                    == local_range.size
+                )
+        for g in groups:
+            assert len(g.addresses) <= most
+            assert len(g.addresses) > 1 or result.decision(g.addresses[0]).reason is R.ASSIGNED  # type: ignore[union-attr]
 
 
 def test_ineligible_lists_every_other_node_sorted() -> None:

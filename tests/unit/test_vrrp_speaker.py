@@ -20,13 +20,15 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
+from agent.announce.metrics import SpeakerMetrics
 from agent.announce.vrrp.codec import Advert, decode, encode
 from agent.announce.vrrp.config import GratuitousConfig, InstanceConfig, SpeakerConfig
 from agent.announce.vrrp.control import parse_status
 from agent.announce.vrrp.machine import interface_addresses, master_down_interval
 from agent.announce.vrrp.sockets import GROUP4, GROUP6, Received
-from agent.announce.vrrp.speaker import AdvertSocket, Speaker, SpeakerIO
+from agent.announce.vrrp.speaker import AdvertSocket, Speaker, SpeakerIO, _realtime
 from agent.model.net import IPAddress
 
 SRC4, PEER4 = IPv4Address("198.18.0.11"), IPv4Address("198.18.0.12")
@@ -428,3 +430,19 @@ def test_the_interface_always_carries_exactly_what_the_instances_hold(
             else:
                 h.run_until(h.clock.now + op.us, after_each=functools.partial(check, op))
             check(op)
+
+
+def test_a_refused_real_time_priority_falls_back_and_is_reported(harness: Harness) -> None:
+    # Priority 100 is outside SCHED_RR's 1..99, so the kernel refuses it whatever the
+    # process may do, and this process's own scheduling is left as it was.
+    granted, refused = _realtime(100)
+    assert granted == 0 and refused is not None and "Invalid argument" in refused
+    registry = CollectorRegistry()
+    metrics = SpeakerMetrics(registry=registry)
+    assert parse_status(harness.speaker.status(harness.clock.now)).realtime_priority == 0
+    harness.speaker.realtime_priority = 10  # what main() records when SCHED_RR took effect
+    metrics.update(parse_status(harness.speaker.status(harness.clock.now)))
+    assert registry.get_sample_value("nodelb_speaker_realtime_priority") == 10
+    harness.speaker.realtime_priority = 0
+    metrics.update(parse_status(harness.speaker.status(harness.clock.now)))
+    assert registry.get_sample_value("nodelb_speaker_realtime_priority") == 0

@@ -139,7 +139,7 @@ def test_the_priority_range_is_the_plans_ranks_with_one_of_slack() -> None:
     nodes = node_states([Node(n, None, True, (), ()) for n in ("n1", "n2", "n3")])
     uses = frozenset({IPUse(ip_address("198.18.72.1"), (ServiceUse("ns/a", False, frozenset()),))})
     p = plan(nodes=nodes, ips=uses, config=OwnershipConfig())
-    assert peer_priority_range(p) == (251, 254)  # ranks 254, 253, 252 and one more
+    assert peer_priority_range(p) == (125, 254)  # ranks 254, 253, 189 and one more (125)
     assert peer_priority_range(None) is None
 
 

@@ -104,7 +104,9 @@ class SpeakerStatus:
     `dropped` and `gratuitous` are ((family, reason or kind), count) pairs, sorted; `held`
     the marked addresses on the interface; `transitions` the most recent state changes (up
     to 64), oldest first; `timer_late_max_us` the most a timer fired after its deadline and
-    `timers_late` how many fired more than 10 ms late (the loop could not run in time).
+    `timers_late` how many fired more than 10 ms late (the loop could not run in time);
+    `realtime_priority` the SCHED_RR priority the speaker runs at, 0 when it runs at normal
+    priority (asked for none, or the node refused it).
     """
 
     pid: int
@@ -121,6 +123,7 @@ class SpeakerStatus:
     timers_late: int
     transitions: tuple[Transition, ...]
     errors: tuple[str, ...]
+    realtime_priority: int = 0
 
     def instance(self, family: int, vrid: int) -> InstanceStatus | None:
         """Return the instance (family, vrid), None when the speaker does not run it."""
@@ -182,4 +185,5 @@ def parse_status(raw: dict[str, Any]) -> SpeakerStatus:
             for e in raw["events"]
         ),
         errors=tuple(str(e) for e in raw["errors"]),
+        realtime_priority=int(raw.get("realtime_priority", 0)),
     )

@@ -215,6 +215,7 @@ class Speaker:
         self.timer_late_max_us = 0  # the latest a timer fired after its deadline
         self.timers_late = 0  # timers that fired more than LATE_US late
         self.late_log: deque[tuple[int, int]] = deque(maxlen=16)  # (deadline, lateness) µs
+        self.realtime_priority = 0  # the SCHED_RR priority granted (0: normal scheduling)
         self.events: deque[dict[str, Any]] = deque(maxlen=EVENT_HISTORY)
         self.event_seq = 0
         self.errors: deque[str] = deque(maxlen=8)
@@ -746,6 +747,7 @@ class Speaker:
             "send_errors": self.send_errors,
             "timer_late_max_us": self.timer_late_max_us,
             "timers_late": self.timers_late,
+            "realtime_priority": self.realtime_priority,
             "late_timers": [list(x) for x in self.late_log],
             "events": list(self.events),
             "errors": list(self.errors),
@@ -843,17 +845,22 @@ def _die_with_parent(parent_pid: int) -> None:
         raise SystemExit(3)
 
 
-def _realtime(priority: int) -> None:
-    """Run this process under SCHED_RR at `priority`; log (and go on) if not permitted.
+def _realtime(priority: int) -> tuple[int, str | None]:
+    """Run this process under SCHED_RR at `priority`; return (the priority granted, 0 when
+    refused; why it was refused, None when it was not).
 
-    Why: on a busy node a normal-priority process can wait tens of milliseconds for a CPU,
-    which at a 100 ms interval is a false failover. The loop sleeps almost all the time, so
-    a real-time class costs the node nothing. Needs CAP_SYS_NICE.
+    Why: on a busy node a normal-priority process waits for a CPU behind everything else
+    (measured on a loaded 2-CPU node: timers up to 2.3 s late, the IP on two or three nodes;
+    at SCHED_RR at most 132 ms). The loop sleeps almost all the time, so a real-time class
+    costs the node nothing. Needs CAP_SYS_NICE (or an RLIMIT_RTPRIO that allows it) and, on
+    a kernel with RT group scheduling under cgroup v1, a real-time runtime budget in the
+    process's cpu cgroup (container runtimes give containers none: EPERM).
     """
     try:
         os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(priority))
     except OSError as exc:
-        log.warning("cannot use SCHED_RR", extra={"priority": priority, "error": str(exc)})
+        return 0, str(exc)
+    return priority, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -878,8 +885,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cpus:  # first, so that every thread inherits it
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+    granted, refused = 0, None
     if args.rt_priority:  # first, so that every thread (log listener too) inherits it
-        _realtime(args.rt_priority)
+        granted, refused = _realtime(args.rt_priority)
     logs.setup("info", args.log_format)
     # Log lines go through a queue to a thread: stderr may be a pipe or a disk that stalls,
     # and the loop must not wait on it.
@@ -889,13 +897,22 @@ def main(argv: list[str] | None = None) -> int:
     listener = logging.handlers.QueueListener(log_queue, *root.handlers)
     root.handlers[:] = [logging.handlers.QueueHandler(log_queue)]
     listener.start()
+    if refused is not None:
+        log.warning(
+            "speaker runs at normal priority: the node refused real-time scheduling, so"
+            " adverts can run late when the CPUs are busy (grant CAP_SYS_NICE; on cgroup v1"
+            " with RT group scheduling the container also needs a real-time runtime budget)",
+            extra={"asked": args.rt_priority, "error": refused},
+        )
+    elif granted:
+        log.info("speaker runs at real-time priority", extra={"policy": "RR", "priority": granted})
     try:
-        return _run(args)
+        return _run(args, granted)
     finally:
         listener.stop()
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, realtime_priority: int) -> int:
     if args.parent_pid is not None:
         _die_with_parent(args.parent_pid)
     config = from_json(json.loads(args.config.read_text()))
@@ -904,6 +921,7 @@ def _run(args: argparse.Namespace) -> int:
         status_path=args.status,
         control=sys.stdin.fileno() if args.control_stdin else None,
     )
+    speaker.realtime_priority = realtime_priority
     return speaker.run()
 
 
