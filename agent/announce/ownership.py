@@ -68,9 +68,10 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from agent.model.labels import LabelSelector
 from agent.model.net import IPAddress, IPFamily
 
 # One advert lists every address of its instance and must fit a 1500-byte frame unfragmented:
@@ -113,55 +114,6 @@ class SharingLevel(enum.StrEnum):
     PER_ELIGIBLE_SET = "PerEligibleSet"  # Local-only IPs per eligible set: the range was short
 
 
-class SelectorOperator(enum.StrEnum):
-    """A label selector requirement's operator, spelled as in Kubernetes' LabelSelector."""
-
-    IN = "In"
-    NOT_IN = "NotIn"
-    EXISTS = "Exists"
-    DOES_NOT_EXIST = "DoesNotExist"
-
-
-@dataclass(frozen=True, slots=True)
-class Requirement:
-    """One matchExpressions entry; `values` is used by In and NotIn only."""
-
-    key: str
-    operator: SelectorOperator
-    values: frozenset[str] = frozenset()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        """Return whether `labels` satisfy this requirement (Kubernetes semantics)."""
-        value = labels.get(self.key)
-        if self.operator is SelectorOperator.IN:
-            return value is not None and value in self.values
-        if self.operator is SelectorOperator.NOT_IN:
-            return value is None or value not in self.values
-        if self.operator is SelectorOperator.EXISTS:
-            return value is not None
-        return value is None
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSelector:
-    """A node label selector: every matchLabels pair and every requirement must hold.
-
-    Kubernetes LabelSelector semantics, matchExpressions included, because the common use,
-    keeping control-plane nodes out (`node-role.kubernetes.io/control-plane` DoesNotExist),
-    needs them (the allocator's pool selectors are matchLabels only). An empty selector
-    matches every node, as an empty LabelSelector does.
-    """
-
-    match_labels: frozenset[tuple[str, str]] = frozenset()
-    match_expressions: frozenset[Requirement] = frozenset()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        """Return whether a node with `labels` is selected."""
-        return all(labels.get(k) == v for k, v in self.match_labels) and all(
-            r.matches(labels) for r in self.match_expressions
-        )
-
-
 @dataclass(frozen=True, slots=True)
 class VridRange:
     """The VRIDs one family may use, `first..last` inclusive, within 1..255."""
@@ -190,7 +142,7 @@ class OwnershipConfig:
     (1..the defaults, which are what one advert can carry in a 1500-byte frame).
     """
 
-    selector: NodeSelector | None = None
+    selector: LabelSelector | None = None
     ipv4_vrids: VridRange = VridRange()
     ipv6_vrids: VridRange = VridRange()
     ipv4_max_addresses: int = MAX_ADDRESSES_IPV4
@@ -454,7 +406,7 @@ def _set_bytes(eligible: frozenset[str]) -> bytes:
     return b"\0".join(n.encode() for n in sorted(eligible))
 
 
-def node_base_reason(node: NodeState, *, selector: NodeSelector | None) -> OwnershipReason:
+def node_base_reason(node: NodeState, *, selector: LabelSelector | None) -> OwnershipReason:
     """Return ELIGIBLE, or the first IP-independent rule `node` fails (readiness, selector)."""
     if not node.ready:
         return OwnershipReason.NOT_READY
@@ -463,7 +415,7 @@ def node_base_reason(node: NodeState, *, selector: NodeSelector | None) -> Owner
     return OwnershipReason.ELIGIBLE
 
 
-def node_reason(node: NodeState, use: IPUse, *, selector: NodeSelector | None) -> OwnershipReason:
+def node_reason(node: NodeState, use: IPUse, *, selector: LabelSelector | None) -> OwnershipReason:
     """Return ELIGIBLE, or the first eligibility rule `node` fails for `use`'s IP."""
     base = node_base_reason(node, selector=selector)
     if base is not OwnershipReason.ELIGIBLE:

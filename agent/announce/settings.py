@@ -30,13 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.announce.ownership import (
-    NodeSelector,
-    OwnershipConfig,
-    Requirement,
-    SelectorOperator,
-    VridRange,
-)
+from agent.announce.ownership import OwnershipConfig, VridRange
 from agent.announce.vrrp.codec import DEFAULT_CHECKSUM_MODE, ChecksumMode
 from agent.announce.vrrp.config import DEFAULT_REFRESH_S, GratuitousConfig
 from agent.model.config_values import (
@@ -50,9 +44,9 @@ from agent.model.config_values import (
     section,
     string,
     string_list,
-    string_map,
     wrong,
 )
+from agent.model.labels import LabelSelector, parse_label_selector
 from agent.model.net import IPAddress
 
 KNOWN = {
@@ -119,45 +113,10 @@ def _vrids(raw: Mapping[str, Any], key: str) -> VridRange:
         raise AnnounceConfigError(f"{where}: {value!r} is not a VRID range ({exc})") from None
 
 
-def _selector(raw: Mapping[str, Any]) -> NodeSelector | None:
+def _selector(raw: Mapping[str, Any]) -> LabelSelector | None:
     if raw.get("nodeSelector") is None:
         return None
-    where = "announce.nodeSelector"
-    sel = mapping(raw["nodeSelector"], where)
-    known_keys(sel, {"matchLabels", "matchExpressions"}, where)
-    labels = (
-        ()
-        if sel.get("matchLabels") is None
-        else string_map(sel["matchLabels"], f"{where}.matchLabels")
-    )
-    exprs = sel.get("matchExpressions")
-    if exprs is None:
-        exprs = []
-    if not isinstance(exprs, list):
-        raise wrong(f"{where}.matchExpressions", "a list", exprs)
-    reqs: list[Requirement] = []
-    for i, item in enumerate(exprs):
-        at = f"{where}.matchExpressions[{i}]"
-        expr = mapping(item, at)
-        known_keys(expr, {"key", "operator", "values"}, at)
-        key = string(expr, "key", "", f"{at}.key")
-        operator = string(expr, "operator", "", f"{at}.operator")
-        try:
-            op = SelectorOperator(operator)
-        except ValueError:
-            raise AnnounceConfigError(
-                f"{at}.operator: {operator!r} is not one of "
-                f"{', '.join(o.value for o in SelectorOperator)}"
-            ) from None
-        values = frozenset(string_list(expr, "values", f"{at}.values"))
-        try:
-            reqs.append(Requirement(key, op, values))
-        except ValueError as exc:
-            raise AnnounceConfigError(f"{at}: {exc}") from None
-    try:
-        return NodeSelector(match_labels=frozenset(labels), match_expressions=frozenset(reqs))
-    except ValueError as exc:
-        raise AnnounceConfigError(f"{where}: {exc}") from None
+    return parse_label_selector(raw["nodeSelector"], "announce.nodeSelector")
 
 
 def _gratuitous(raw: Mapping[str, Any]) -> GratuitousConfig:

@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agent.announce.ownership import NodeSelector
 from agent.controller.allocator import (
     AllocationReason,
     AllocationResult,
@@ -43,6 +42,7 @@ from agent.controller.service_status import (
 )
 from agent.kube.events import Event
 from agent.kube.node_report import NodeReport, next_expiry, serving_ips
+from agent.model.labels import LabelSelector
 from agent.model.net import IPAddress, IPFamily
 from agent.model.pools import PoolSet
 
@@ -348,7 +348,7 @@ class ReportRules:
     """
 
     nodes: Mapping[str, Labels]
-    selector: NodeSelector | None
+    selector: LabelSelector | None
     max_duration: int
 
 

@@ -38,9 +38,9 @@ from agent.model.config_values import (
     describe,
     mapping,
     string_list,
-    string_map,
     wrong,
 )
+from agent.model.labels import LabelSelector, parse_label_selector
 from agent.model.net import IPAddress, IPNetwork
 
 
@@ -55,17 +55,6 @@ class Forbidden:
     node_addresses: tuple[IPAddress, ...] = ()
     pod_cidrs: tuple[IPNetwork, ...] = ()
     service_cidrs: tuple[IPNetwork, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class LabelSelector:
-    """A matchLabels-only label selector; empty matches everything (as in the API)."""
-
-    match_labels: tuple[tuple[str, str], ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        """Return True when every matchLabels pair is present in `labels`."""
-        return all(labels.get(k) == v for k, v in self.match_labels)
 
 
 def is_buggy(ip: IPAddress) -> bool:
@@ -256,13 +245,7 @@ def parse_block(text: str, where: str) -> tuple[IPNetwork, ...]:
 def _selector(raw: Mapping[str, Any], key: str, where: str) -> LabelSelector | None:
     if raw.get(key) is None:
         return None
-    value = mapping(raw[key], where)
-    extra = set(value) - {"matchLabels"}
-    if extra:
-        raise PoolError(f"{where}: only matchLabels is supported, not {', '.join(sorted(extra))}")
-    labels = value.get("matchLabels")
-    pairs = () if labels is None else string_map(labels, f"{where}.matchLabels")
-    return LabelSelector(match_labels=pairs)
+    return parse_label_selector(raw[key], where)
 
 
 def _parse_one(i: int, item: Any, forbidden: Forbidden) -> AddressPool:

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from agent.announce.ownership import NodeSelector
 from agent.controller.allocator import AllocationReason, Allocator
 from agent.controller.exhaustion import ExhaustionLimiter
 from agent.controller.reconcile import (
@@ -36,6 +35,7 @@ from agent.controller.reconcile import (
 )
 from agent.controller.service_status import ServiceView, parse_view
 from agent.kube.node_report import parse_report, report_body
+from agent.model.labels import LabelSelector
 from agent.model.net import IPAddress
 from agent.model.pools import Forbidden, PoolSet, parse_pools
 
@@ -500,7 +500,7 @@ def lease(node: str, ips: tuple[str, ...], **changes: Any) -> dict[str, Any]:
 
 EDGE_ONLY = ReportRules(
     nodes=RULES.nodes,
-    selector=NodeSelector(match_labels=frozenset({("role", "edge")})),
+    selector=LabelSelector(match_labels=frozenset({("role", "edge")})),
     max_duration=30,
 )
 

@@ -23,13 +23,10 @@ from agent.announce.ownership import (
     RANK_SPACING,
     Ineligible,
     IPUse,
-    NodeSelector,
     NodeState,
     OwnershipConfig,
     OwnershipReason,
     Plan,
-    Requirement,
-    SelectorOperator,
     ServiceUse,
     SharingLevel,
     VridRange,
@@ -46,6 +43,7 @@ from agent.announce.ownership import (
     startup_delay_cs,
 )
 from agent.announce.vrrp.machine import master_down_interval
+from agent.model.labels import LabelSelector, Requirement, SelectorOperator
 from agent.model.net import IPAddress, IPFamily
 
 R = OwnershipReason
@@ -53,7 +51,7 @@ V4 = ipaddress.IPv4Address("198.19.0.10")
 V4B = ipaddress.IPv4Address("198.19.0.11")
 V4C = ipaddress.IPv4Address("198.19.0.12")
 V6 = ipaddress.IPv6Address("2001:db8::10")
-LB_ONLY = NodeSelector(match_labels=frozenset({("nodelb.io/announce", "true")}))
+LB_ONLY = LabelSelector(match_labels=frozenset({("nodelb.io/announce", "true")}))
 ANNOUNCE = (("nodelb.io/announce", "true"),)
 
 
@@ -352,15 +350,15 @@ def test_local_ips_grouped_by_eligible_set_report_which_share_across_holders() -
 
 
 SELECTOR_CASES = [
-    pytest.param(NodeSelector(), {}, True, id="the empty selector matches a node without labels"),
+    pytest.param(LabelSelector(), {}, True, id="the empty selector matches a node without labels"),
     pytest.param(
-        NodeSelector(match_labels=frozenset({("zone", "a")})),
+        LabelSelector(match_labels=frozenset({("zone", "a")})),
         {"zone": "b"},
         False,
         id="matchLabels needs the exact value",
     ),
     pytest.param(
-        NodeSelector(
+        LabelSelector(
             match_expressions=frozenset(
                 {Requirement("zone", SelectorOperator.IN, frozenset({"a", "b"}))}
             )
@@ -370,7 +368,7 @@ SELECTOR_CASES = [
         id="In matches any listed value",
     ),
     pytest.param(
-        NodeSelector(
+        LabelSelector(
             match_expressions=frozenset(
                 {Requirement("zone", SelectorOperator.IN, frozenset({"a"}))}
             )
@@ -380,7 +378,7 @@ SELECTOR_CASES = [
         id="In does not match a node without the key",
     ),
     pytest.param(
-        NodeSelector(
+        LabelSelector(
             match_expressions=frozenset(
                 {Requirement("zone", SelectorOperator.NOT_IN, frozenset({"a"}))}
             )
@@ -390,7 +388,7 @@ SELECTOR_CASES = [
         id="NotIn matches a node without the key, as Kubernetes does",
     ),
     pytest.param(
-        NodeSelector(
+        LabelSelector(
             match_expressions=frozenset(
                 {Requirement("zone", SelectorOperator.NOT_IN, frozenset({"a"}))}
             )
@@ -400,13 +398,13 @@ SELECTOR_CASES = [
         id="NotIn refuses a listed value",
     ),
     pytest.param(
-        NodeSelector(match_expressions=frozenset({Requirement("lb", SelectorOperator.EXISTS)})),
+        LabelSelector(match_expressions=frozenset({Requirement("lb", SelectorOperator.EXISTS)})),
         {"lb": ""},
         True,
         id="Exists matches an empty value",
     ),
     pytest.param(
-        NodeSelector(
+        LabelSelector(
             match_expressions=frozenset({Requirement("lb", SelectorOperator.DOES_NOT_EXIST)})
         ),
         {"lb": "x"},
@@ -414,7 +412,7 @@ SELECTOR_CASES = [
         id="DoesNotExist refuses a node carrying the key",
     ),
     pytest.param(
-        NodeSelector(
+        LabelSelector(
             match_labels=frozenset({("zone", "a")}),
             match_expressions=frozenset({Requirement("lb", SelectorOperator.EXISTS)}),
         ),
@@ -426,7 +424,7 @@ SELECTOR_CASES = [
 
 
 @pytest.mark.parametrize(("selector", "labels", "matches"), SELECTOR_CASES)
-def test_label_selector(selector: NodeSelector, labels: dict[str, str], matches: bool) -> None:
+def test_label_selector(selector: LabelSelector, labels: dict[str, str], matches: bool) -> None:
     assert selector.matches(labels) is matches
 
 
@@ -602,7 +600,7 @@ def test_growing_past_255_ips_moves_no_ip_that_stays() -> None:
 # --- properties ---------------------------------------------------------------------------
 
 NODE_NAMES = [f"node-{c}" for c in "abcdefgh"]
-SELECTOR = NodeSelector(
+SELECTOR = LabelSelector(
     match_expressions=frozenset({Requirement("role", SelectorOperator.IN, frozenset({"lb"}))})
 )
 
