@@ -39,6 +39,7 @@ from agent.announce.settings import AnnounceSettings
 from agent.announce.vrrp.config import SpeakerConfig
 from agent.announce.vrrp.control import InstanceStatus, SpeakerStatus
 from agent.announce.vrrp.process import SpeakerProcess
+from agent.kube import metrics as kube_metrics
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
 from agent.kube.node_report import PeerReport
 from agent.model.net import IPAddress
@@ -296,3 +297,5 @@ class Announcer:
                 event = Event(ObjectRef("Service", ns, name), "Normal", "IPAnnounced", message)
                 if self._gate.admit(event, time.monotonic()):
                     self._events.record(event)
+                else:
+                    kube_metrics.EVENTS_REPEATS_SUPPRESSED.labels(event.reason).inc()

@@ -80,6 +80,7 @@ from agent.controller.reconcile import (
 from agent.controller.servability import SliceSummary, Unservable, summarize_slice
 from agent.controller.service_status import ServiceView, parse_view
 from agent.controller.writes import RetryDelays, WriteOutcome, WritesInFlight
+from agent.kube import metrics as kube_metrics
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
 from agent.kube.node_report import NodeReport, parse_report
 from agent.kube.reflector import Reflector
@@ -591,10 +592,14 @@ class Controller:
             self._events.record(event)
 
     def _report(self, event: Event | None) -> None:
-        if event is not None and self._gate.admit(event, self._clock.monotonic()):
+        if event is None:
+            return
+        if self._gate.admit(event, self._clock.monotonic()):
             if event.reason in SERVING_REASONS:
                 metrics.SERVING_WARNINGS.labels(event.reason).inc()
             self._events.record(event)
+        else:
+            kube_metrics.EVENTS_REPEATS_SUPPRESSED.labels(event.reason).inc()
 
     # -- serving ---------------------------------------------------------------------------
 

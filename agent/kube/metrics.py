@@ -15,6 +15,13 @@ EVENTS_DROPPED = Counter(
     ["reason"],
 )
 
+EVENTS_REPEATS_SUPPRESSED = Counter(
+    "nodelb_events_repeats_suppressed_total",
+    "Repeats of an Event sent within its gate window (10 min; 60 s for IPAnnounced) that were "
+    "not handed to the Event sender, by reason.",
+    ["reason"],
+)
+
 EVENT_WRITES = Counter(
     "nodelb_event_writes_total",
     "Event API writes that succeeded, by action (create a new Event, patch a repeat's count).",

@@ -394,3 +394,5 @@ class Agent:
                 metrics.count_problem(p.reason)
                 self._on_problem(p)
                 self._events.record(event)
+            else:
+                kube_metrics.EVENTS_REPEATS_SUPPRESSED.labels(p.reason).inc()

@@ -132,6 +132,25 @@ def test_first_step_is_a_full_sync_and_a_malformed_service_gets_a_warning_only()
     assert agent.ready.is_set()
 
 
+def test_a_problem_seen_again_within_the_window_is_counted_not_posted_again() -> None:
+    agent, _dp, sink, clock = make_agent()
+    suppressed = metric_with("nodelb_events_repeats_suppressed_total", reason="InvalidService")
+    feed_services(agent, svc("bad", port=0))
+    agent.step()
+    feed_services(agent, svc("bad", port=0))  # recomputed: the same problem again
+    clock.now += 1.0
+    agent.step()
+    assert [e.reason for e in sink.events] == ["InvalidService"]
+    assert (
+        metric_with("nodelb_events_repeats_suppressed_total", reason="InvalidService")
+        == suppressed + 1
+    )
+
+
+def metric_with(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 def test_nothing_pending_means_no_sync_and_a_change_means_a_partial_one() -> None:
     agent, dp, _sink, clock = make_agent()
     feed_services(agent, svc("a"))
