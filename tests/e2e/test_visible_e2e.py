@@ -41,7 +41,10 @@ CONFIG: dict[str, Any] = {
     "pools": [
         {"name": "v4", "addresses": ["198.19.40.0/24"]},
         {"name": "v6", "addresses": ["2001:db8:400::/120"]},
-    ]
+    ],
+    # The test's one report stands for an agent and lasts the module: the controller caps a
+    # report's life at what the agents are configured to report for.
+    "announce": {"reportLeaseSeconds": 600},
 }
 DEADLINE = 30
 
@@ -77,6 +80,14 @@ class Report:
     def __init__(self, api: client.ApiClient) -> None:
         self._coord = client.CoordinationV1Api(api)
         self.ips: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
+        # The controller believes a report only for a Node that exists.
+        try:
+            client.CoreV1Api(api).create_node(
+                client.V1Node(metadata=client.V1ObjectMeta(name=NODE))
+            )
+        except client.exceptions.ApiException as exc:
+            if exc.status != 409:
+                raise
 
     def hold(self, *ips: str) -> None:
         self.ips.extend(ipaddress.ip_address(ip) for ip in ips)
