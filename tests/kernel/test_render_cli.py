@@ -72,11 +72,24 @@ def render(args: list[str]) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
+# An agent serves only ingress IPs inside a pool (agent/node/holdable.py), so render does too.
+CONFIG = """
+pools:
+- {name: render, addresses: [198.18.0.200/30, "2001:db8::200/126"]}
+"""
+
+
 @pytest.fixture
 def objects(tmp_path: Path) -> Path:
+    """Return the objects file; the config file with its pools lies beside it (config_of)."""
     path = tmp_path / "objects.yaml"
     path.write_text(OBJECTS)
+    path.with_name("config.yaml").write_text(CONFIG)
     return path
+
+
+def config_of(objects: Path) -> str:
+    return f"--config={objects.with_name('config.yaml')}"
 
 
 @pytest.fixture
@@ -92,7 +105,7 @@ def scratch_ns() -> Iterator[str]:
 def test_render_json_shows_this_nodes_choice_and_reports_the_broken_service(
     objects: Path,
 ) -> None:
-    code, out, err = render(["--node", "node-1", "-f", str(objects), "--json"])
+    code, out, err = render(["--node", "node-1", "-f", str(objects), config_of(objects), "--json"])
     assert code == 0
     state = orjson.loads(out)
     by_key = {(f["ip"], f["protocol"], f["port"]): f for f in state["frontends"]}
@@ -115,7 +128,7 @@ def test_render_json_shows_this_nodes_choice_and_reports_the_broken_service(
 
 @pytest.mark.kernel
 def test_render_output_is_accepted_by_nft_as_is(objects: Path, scratch_ns: str) -> None:
-    code, out, _ = render(["--node", "node-1", "-f", str(objects)])
+    code, out, _ = render(["--node", "node-1", "-f", str(objects), config_of(objects)])
     assert code == 0
     assert out.startswith("add table inet nodelb")
     netns.run(scratch_ns, ["nft", "-f", "-"], input=out)
@@ -144,6 +157,7 @@ def test_the_console_script_runs_render(objects: Path) -> None:
             "node-2",
             "-f",
             str(objects),
+            config_of(objects),
             "--json",
         ],
         capture_output=True,

@@ -27,6 +27,7 @@ from agent.announce.vrrp.machine import (
     AdvertReceived,
     Burst,
     CancelTimers,
+    CarrierUp,
     Event,
     GratuitousSent,
     GratuitousTimerFired,
@@ -119,6 +120,7 @@ RFC_TABLE: dict[tuple[State, type[Event]], Rule] = {
     (IN, GratuitousSent): rule("no burst runs in Initialize: ignored", IN),
     (IN, GratuitousTimerFired): rule("no burst runs in Initialize: ignored", IN),
     (IN, ReleaseTimerFired): rule("a resigned Master removes what it kept; else ignored", IN),
+    (IN, CarrierUp): rule("nothing announced in Initialize: ignored", IN),
     (BK, Startup): rule("already started: ignored", BK),
     (BK, Shutdown): rule("§6.4.2: cancel Master_Down_Timer, -> Initialize", IN),
     (BK, Resign): rule("as Shutdown (§6.4.2): a Backup holds nothing to keep", IN),
@@ -130,6 +132,7 @@ RFC_TABLE: dict[tuple[State, type[Event]], Rule] = {
     (BK, GratuitousSent): rule("a burst ends with Master: ignored", BK),
     (BK, GratuitousTimerFired): rule("a burst ends with Master: ignored", BK),
     (BK, ReleaseTimerFired): rule("no release runs in Backup: ignored", BK),
+    (BK, CarrierUp): rule("a Backup announces nothing: its down timer decides", BK),
     (MS, Startup): rule("already started: ignored", MS),
     (MS, Shutdown): rule("§6.4.3: cancel Adver_Timer, advert priority 0, -> Initialize", IN),
     (MS, Resign): rule("§6.4.3 keeping the addresses until a successor is up, -> Initialize", IN),
@@ -143,6 +146,7 @@ RFC_TABLE: dict[tuple[State, type[Event]], Rule] = {
     (MS, GratuitousSent): rule("next round `spacing` after this one left, then refresh", MS),
     (MS, GratuitousTimerFired): rule("the next round of the burst is due: send it", MS),
     (MS, ReleaseTimerFired): rule("no release runs in Master: ignored", MS),
+    (MS, CarrierUp): rule("not in the RFC: advertise at once and re-announce", MS),
 }
 
 
@@ -521,6 +525,21 @@ CASES = [
         ),
         id="a lower-priority Master (a healed partition) is answered at once and re-announced",
     ),
+    pytest.param(
+        Case(
+            MASTER,
+            CarrierUp(NOW),
+            MS,
+            (SendAdvert(100), StartAdverTimer(NOW + SECOND), SendGratuitous(VIPS)),
+            (("gratuitous_left", 5), ("adver_timer_at", NOW + SECOND)),
+        ),
+        id="a Master whose link comes back advertises at once and re-announces its addresses",
+    ),
+    pytest.param(
+        Case(BACKUP, CarrierUp(NOW), BK),
+        id="a Backup whose link comes back waits for its down timer",
+    ),
+    pytest.param(Case(INIT, CarrierUp(NOW), IN), id="the link coming back while stopped"),
     pytest.param(
         Case(
             WAITING,

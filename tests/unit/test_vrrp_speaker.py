@@ -255,6 +255,47 @@ def test_a_takeover_adds_the_addresses_and_spaces_its_burst_from_when_each_round
     assert harness.sent.arp == [(t, vip) for t in rounds for vip in (VIP_A, VIP_B)]
 
 
+@dataclass
+class FakeCarrier(NothingToOpen):
+    """Link notifications that say the carrier came back (`back`) the next time they are read."""
+
+    back: bool = True
+
+    def fileno(self) -> int:
+        return -1
+
+    def read(self) -> bool:
+        back, self.back = self.back, False
+        return back
+
+
+def test_a_master_whose_link_comes_back_advertises_and_re_announces_at_once(
+    harness: Harness,
+) -> None:
+    # Issue #18, finding 7: the backup that held the address while our link was down may
+    # step down on our first advert without one we hear; the neighbours must follow us back.
+    harness.speaker.apply(speaker_config(instance(VIP_A, VIP_B)))
+    took_over = harness.take_over()
+    harness.run_until(took_over + 10 * INTERVAL_US)  # the takeover's burst is over
+    adverts, arps = len(harness.sent.adverts), len(harness.sent.arp)
+    harness.speaker.carrier = FakeCarrier()
+    harness.clock.now += 1234
+    harness.speaker.read_carrier()
+    now = harness.clock.now
+    assert [(t, a.priority) for t, _, a in harness.sent.adverts[adverts:]] == [(now, 100)]
+    assert harness.sent.arp[arps:] == [(now, VIP_A), (now, VIP_B)]
+    harness.speaker.read_carrier()  # read again: nothing came back, nothing is sent
+    assert len(harness.sent.adverts) == adverts + 1
+
+
+def test_a_backup_whose_link_comes_back_sends_nothing(harness: Harness) -> None:
+    harness.speaker.apply(speaker_config(instance(VIP_A)))
+    assert harness.state() == "Backup"
+    harness.speaker.carrier = FakeCarrier()
+    harness.speaker.read_carrier()
+    assert harness.sent.adverts == [] and harness.sent.arp == []
+
+
 def test_a_removed_master_keeps_its_addresses_until_its_successor_advertised_an_interval(
     harness: Harness,
 ) -> None:

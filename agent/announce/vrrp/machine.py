@@ -23,7 +23,8 @@ cancelled meanwhile is stale and ignored, so a racing I/O layer cannot cause a t
 Beyond the RFC table:
 
 - a Master hearing a lower-ranked Master (a healed partition) advertises at once and re-sends
-  its gratuitous announcements instead of discarding the advert silently;
+  its gratuitous announcements instead of discarding the advert silently, and so does a
+  Master whose link comes back (`CarrierUp`: the other side may have stepped down unheard);
 - `PriorityChanged`: a Master re-advertises at once; Backups just take the new value;
 - `Reconfigured`: the configuration changed. A Master removes the addresses it no longer
   has, adds the new ones and announces them, then treats a new priority as `PriorityChanged`;
@@ -173,6 +174,15 @@ class Resign:
 
 
 @dataclass(frozen=True, slots=True)
+class CarrierUp:
+    """The interface's link came back up after it was down (the kernel lost, then regained,
+    the carrier). While it was down the segment may have elected another Master, and the
+    neighbours followed that one's gratuitous burst."""
+
+    now: int
+
+
+@dataclass(frozen=True, slots=True)
 class ReleaseTimerFired:
     """The timer set by the last StartReleaseTimer expired: a resigned Master lets go."""
 
@@ -191,6 +201,7 @@ Event = (
     | GratuitousSent
     | GratuitousTimerFired
     | ReleaseTimerFired
+    | CarrierUp
 )
 EVENT_TYPES: tuple[type[Event], ...] = (
     Startup,
@@ -204,6 +215,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     GratuitousSent,
     GratuitousTimerFired,
     ReleaseTimerFired,
+    CarrierUp,
 )
 
 # -- actions ----------------------------------------------------------------------------------
@@ -512,9 +524,12 @@ def _master(inst: VrrpInstance, event: Event) -> tuple[VrrpInstance, tuple[Actio
         # A lower-ranked Master: two Masters, as after a healed partition. §6.4.3 discards
         # the advert; like keepalived we answer at once (it steps down on our advert) and
         # re-announce, because neighbours that followed the other Master still point at it.
-        inst, actions = _advertise(inst, now)
-        inst, announce = _announce(inst)
-        return inst, (*actions, *announce)
+        return _reassert(inst, now)
+    if isinstance(event, CarrierUp):
+        # Our link was down: a backup may have taken over and stepped down again on our
+        # first advert without ever sending one we could hear, so the neighbours would keep
+        # pointing at it (issue #18, finding 7). Assert ourselves and re-announce at once.
+        return _reassert(inst, now)
     return inst, ()  # Startup while running, or a Master_Down_Timer that no longer exists
 
 
@@ -630,6 +645,13 @@ def _become_master(inst: VrrpInstance, now: int) -> tuple[VrrpInstance, tuple[Ac
         StartAdverTimer(at),
     )
     return master, actions
+
+
+def _reassert(inst: VrrpInstance, now: int) -> tuple[VrrpInstance, tuple[Action, ...]]:
+    """Return a Master that advertises at once and restarts its gratuitous burst."""
+    inst, actions = _advertise(inst, now)
+    inst, announce = _announce(inst)
+    return inst, (*actions, *announce)
 
 
 def _announce(inst: VrrpInstance) -> tuple[VrrpInstance, tuple[Action, ...]]:

@@ -63,6 +63,7 @@ from typing import Any, Protocol
 from agent import logs
 from agent.announce.vrrp import machine as vs
 from agent.announce.vrrp.addresses import AddressTable
+from agent.announce.vrrp.carrier import CarrierWatch
 from agent.announce.vrrp.codec import Advert, VrrpDecodeError, decode, encode
 from agent.announce.vrrp.config import InstanceConfig, SpeakerConfig, from_json
 from agent.announce.vrrp.control import Stop, decode_command
@@ -148,18 +149,29 @@ class AdvertSocket(Protocol):
     def recv(self) -> Received | None: ...
 
 
+class Carrier(Protocol):
+    """The interface's link notifications (carrier.CarrierWatch)."""
+
+    def open(self) -> None: ...
+    def close(self) -> None: ...
+    def fileno(self) -> int: ...
+    def read(self) -> bool: ...
+
+
 @dataclass(frozen=True, slots=True)
 class SpeakerIO:
     """What the speaker touches in the kernel; `real()` in production, fakes in unit tests.
 
     `open_socket(family)` returns a VRRP socket not opened yet (the speaker opens a family's
-    socket when its first instance of that family starts).
+    socket when its first instance of that family starts). `carrier` tells when the link comes
+    back (None: not watched).
     """
 
     table: Addresses
     arp: FrameSender
     na: NeighborSender
     open_socket: Callable[[int], AdvertSocket]
+    carrier: Carrier | None = None
 
     @classmethod
     def real(cls, ifname: str) -> SpeakerIO:
@@ -169,6 +181,7 @@ class SpeakerIO:
             arp=ArpSender(ifname),
             na=NaSender(ifname),
             open_socket=lambda family: VrrpSocket(family, ifname),
+            carrier=CarrierWatch(ifname),
         )
 
 
@@ -183,8 +196,9 @@ class Speaker:
     The constructor only stores its arguments; sockets open in `run()` and close before it
     returns. `control` is a readable file descriptor carrying JSON lines (None: no control
     channel; stop with a signal). `io` is what it touches in the kernel (None: the real
-    interface). `open`, `apply`, `accept`, `fire_due_timers` and `close` are the steps
-    `run()` takes, public so that a test with a fake `io` and clock can take them one by one.
+    interface). `open`, `apply`, `accept`, `read_carrier`, `fire_due_timers` and `close` are
+    the steps `run()` takes, public so that a test with a fake `io` and clock can take them one
+    by one.
     """
 
     def __init__(
@@ -207,6 +221,7 @@ class Speaker:
         self.arp = io.arp
         self.na = io.na
         self._open_socket = io.open_socket
+        self.carrier = io.carrier
         self.link_local: ipaddress.IPv6Address | None = None
         self.mac = b""
         self.dropped: dict[int, dict[str, int]] = {4: {}, 6: {}}
@@ -281,6 +296,8 @@ class Speaker:
                     self._wake_r.recv(4096)
             elif key.data == "control":
                 self._read_control()
+            elif key.data == "carrier":
+                self.read_carrier()
             else:
                 self._receive(int(key.data))
         self.fire_due_timers()
@@ -305,6 +322,9 @@ class Speaker:
             log.info("removed stale addresses", extra={"addresses": sorted(map(str, stale))})
         self.arp.open()
         self.na.open()
+        if self.carrier is not None:
+            self.carrier.open()
+            self._selector.register(self.carrier.fileno(), selectors.EVENT_READ, "carrier")
 
     def _socket(self, family: int) -> AdvertSocket:
         sock = self.sockets.get(family)
@@ -323,6 +343,8 @@ class Speaker:
         self.sockets.clear()
         self.arp.close()
         self.na.close()
+        if self.carrier is not None:
+            self.carrier.close()
         self.table.close()
         self._selector.close()
         self._wake_r.close()
@@ -449,6 +471,17 @@ class Speaker:
             self.releasing[run.config.key] = run
 
     # -- the state machine and its actions ----------------------------------------------------
+
+    def read_carrier(self) -> None:
+        """Feed every instance CarrierUp when the link has just come back (a Master then
+        advertises and re-announces: see carrier.py)."""
+        assert self.carrier is not None
+        if not self.carrier.read():
+            return
+        now = self.clock()
+        log.info("carrier back on %s: Masters re-announce", self.config.interface)
+        for run in list(self.running.values()):
+            self._step(run, vs.CarrierUp(now))
 
     def _step(self, run: Running, event: vs.Event) -> None:
         before = run.instance.state
