@@ -347,7 +347,12 @@ def test_a_dual_stack_service_with_endpoints_of_one_family_is_degraded(world: Wo
         DEADLINE,
         "dual Degraded=True/IPFamiliesNotSupported",
     )
-    assert world.reads("dual", "LoadBalancerServing", "True/Serving")
+    # The report naming both addresses may reach the controller after its Degraded write.
+    wait_until(
+        lambda: world.reads("dual", "LoadBalancerServing", "True/Serving"),
+        DEADLINE,
+        "dual Serving=True (its IPv4 address serves)",
+    )
     found = wait_until(
         functools.partial(world.warnings, "dual", "NoEndpointsOfFamily"),
         DEADLINE,
