@@ -20,26 +20,24 @@ import socket
 import struct
 from collections.abc import Iterator
 
+from rules.netlink import DecodeError, messages
+
 IFF_LOWER_UP = 0x10000
 RTMGRP_LINK = 1
 RTM_NEWLINK = 16
-_NLMSG = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, seq, pid
 _IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, pad, type, index, flags, change
 
 
 def link_flags(data: bytes) -> Iterator[tuple[int, int]]:
     """Yield (interface index, flags) of every RTM_NEWLINK message in one netlink read; a
     truncated or malformed message ends the read (the kernel sends whole ones)."""
-    offset = 0
-    while offset + _NLMSG.size <= len(data):
-        length, kind, _, _, _ = _NLMSG.unpack_from(data, offset)
-        if length < _NLMSG.size or offset + length > len(data):
-            return
-        body = offset + _NLMSG.size
-        if kind == RTM_NEWLINK and length >= _NLMSG.size + _IFINFO.size:
-            _, _, index, flags, _ = _IFINFO.unpack_from(data, body)
-            yield index, flags
-        offset += (length + 3) & ~3
+    try:
+        for message in messages(data):
+            if message.type == RTM_NEWLINK and len(message.body) >= _IFINFO.size:
+                _, _, index, flags, _ = _IFINFO.unpack_from(message.body, 0)
+                yield index, flags
+    except DecodeError:
+        return
 
 
 def regained(had: bool | None, flags: int) -> tuple[bool, bool]:
