@@ -29,6 +29,16 @@ NAMESPACE = "nodelb-system"
 FAST_ELECTION = ("--lease-duration=4", "--renew-deadline=3", "--retry-period=0.5")
 
 
+def ensure_node(core: kclient.CoreV1Api, name: str) -> None:
+    """Create Node `name` if it is missing: the controller believes a node report only for a
+    Node that exists, so a test reporting for a node without a lab node registers it."""
+    try:
+        core.create_node(kclient.V1Node(metadata=kclient.V1ObjectMeta(name=name)))
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
 class ControllerSet:
     """Named controller replicas sharing one config file and one apiserver."""
 

@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from agent.kube.node_report import report_body
 from agent.kube.node_reporter import NodeReporter
 from lab import readers
-from lab.controllers import NAMESPACE, ControllerSet
+from lab.controllers import NAMESPACE, ControllerSet, ensure_node
 from lab.controlplane import ControlPlane
 from lab.topology import Lab
 from lab.wait import wait_until
@@ -65,15 +65,6 @@ def controllers(
         yield cs
     finally:
         cs.stop_all()
-
-
-def make_node(core: client.CoreV1Api, name: str) -> None:
-    """Create Node `name` if missing: the controller believes reports only for Nodes."""
-    try:
-        core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name)))
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
 
 
 def make_ns(core: client.CoreV1Api, name: str) -> str:
@@ -360,7 +351,7 @@ def test_conditions_follow_the_node_reports(
     assert cond_is(core, ns, "web", "LoadBalancerDegraded", "False/NotDegraded")
     ip = ipaddress.ip_address(ips_of(core, ns, "web")[0])
     coord = client.CoordinationV1Api(controlplane.api_client())
-    make_node(core, "node-x")
+    ensure_node(core, "node-x")
     # A node reports it holds the IP with its rules in place, for 3 s, then stops renewing.
     coord.create_namespaced_lease(
         NAMESPACE,
@@ -404,7 +395,7 @@ def test_the_agents_reporter_turns_serving_on_and_off(
     create_svc(core, ns, lb_service("web"))
     ip = ipaddress.ip_address(wait_until(lambda: ips_of(core, ns, "web"), 30, "an address")[0])
     coord = client.CoordinationV1Api(controlplane.api_client())
-    make_node(core, "node-y")
+    ensure_node(core, "node-y")
     reporter = NodeReporter(coord, node="node-y", namespace=NAMESPACE, duration=2, renew_every=0.5)
     stop = threading.Event()
     thread = threading.Thread(target=reporter.run, args=(stop,), daemon=True)

@@ -29,7 +29,7 @@ from prometheus_client import REGISTRY
 from agent.kube.event_sender import KubeEventSink
 from agent.kube.events import Event, ObjectRef
 from agent.kube.node_report import lease_name, report_body
-from lab.controllers import NAMESPACE, ControllerSet
+from lab.controllers import NAMESPACE, ControllerSet, ensure_node
 from lab.controlplane import ControlPlane
 from lab.topology import Lab
 from lab.wait import wait_until
@@ -80,14 +80,7 @@ class Report:
     def __init__(self, api: client.ApiClient) -> None:
         self._coord = client.CoordinationV1Api(api)
         self.ips: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
-        # The controller believes a report only for a Node that exists.
-        try:
-            client.CoreV1Api(api).create_node(
-                client.V1Node(metadata=client.V1ObjectMeta(name=NODE))
-            )
-        except client.exceptions.ApiException as exc:
-            if exc.status != 409:
-                raise
+        ensure_node(client.CoreV1Api(api), NODE)  # reports count only for Nodes
 
     def hold(self, *ips: str) -> None:
         self.ips.extend(ipaddress.ip_address(ip) for ip in ips)
