@@ -8,12 +8,20 @@ process created is still there.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 
 from lab import netns
+from lab.controlplane import tail
 from tests import rootns
+
+# Log files of the labs a session started (control plane, kube-proxy, agents, kubelets...):
+# their tails are printed at the end of a run in which any test failed.
+LOGS = pytest.StashKey[list[Path]]()
+FAILED = pytest.StashKey[bool]()
+LOG_TAIL_LINES = 50
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -28,3 +36,26 @@ def root_namespace_unchanged() -> Iterator[None]:
     if netns.CREATED:
         diffs.append(f"network namespaces left behind: {sorted(netns.CREATED)}")
     assert not diffs, "the test run changed the root network namespace:\n" + "\n".join(diffs)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Remember that a test failed (in any phase) so the summary prints the logs."""
+    report = yield
+    if report.failed:
+        item.config.stash[FAILED] = True
+    return report
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
+    """Print the tail of every control-plane, kube-proxy and agent log after a failure."""
+    logs = config.stash.get(LOGS, [])
+    if not logs or not config.stash.get(FAILED, False):
+        return
+    terminalreporter.section("lab logs")
+    for log in logs:
+        terminalreporter.write_line(tail(log, LOG_TAIL_LINES))

@@ -12,19 +12,16 @@ plane, kube-proxy and agent log are printed at the end of the run (the files are
 from __future__ import annotations
 
 import os
-from collections.abc import Generator, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from lab.cluster import ClusterLab
-from lab.controlplane import ControlPlane, tail
+from lab.controlplane import ControlPlane
 from lab.topology import Host, Lab, LabSpec
+from tests.conftest import LOGS
 
-LOGS = pytest.StashKey[list[Path]]()
-FAILED = pytest.StashKey[bool]()
-LOG_TAIL_LINES = 50
 CLUSTER_SPEC = LabSpec(nodes=3, pods_per_node=2, zones=("zone-a", "zone-b"))
 
 
@@ -84,26 +81,3 @@ def cluster(
     pytestconfig.stash.setdefault(LOGS, []).extend(lab.logs)
     with lab:
         yield lab
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Remember that a test failed (in any phase) so the summary prints the logs."""
-    report = yield
-    if report.failed:
-        item.config.stash[FAILED] = True
-    return report
-
-
-def pytest_terminal_summary(
-    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
-) -> None:
-    """Print the tail of every control-plane, kube-proxy and agent log after a failure."""
-    logs = config.stash.get(LOGS, [])
-    if not logs or not config.stash.get(FAILED, False):
-        return
-    terminalreporter.section("lab logs")
-    for log in logs:
-        terminalreporter.write_line(tail(log, LOG_TAIL_LINES))
