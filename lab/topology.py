@@ -7,6 +7,9 @@ Topology (see docs/lab.md for the full address plan)::
     <prefix>-pod-k-i  eth0 on node k's cbr0
     <prefix>-client   eth0 on the segment
     <prefix>-cp       eth0 on the segment (the control plane)
+    <prefix>-router   eth0 on the segment, eth1 to the outside network (optional)
+    <prefix>-outside  eth0 on the outside network: a client that reaches the segment only
+                      through the router (optional, with the router)
 
 Every veth pair is created *inside* a lab namespace with its peer placed straight into
 another lab namespace, so no link is ever created in the root namespace, and no namespace
@@ -48,6 +51,18 @@ CONTROLPLANE4 = IPv4Address("198.18.0.2")
 CONTROLPLANE6 = IPv6Address("2001:db8::2")
 CLIENT4 = IPv4Address("198.18.0.100")
 CLIENT6 = IPv6Address("2001:db8::100")
+# The upstream router: the segment's gateway for the outside network. It reaches LoadBalancer
+# IPs on the segment by ARP/ND, as a real upstream router does, so gratuitous ARP/NA must
+# move its neighbour entries. The outside network lies outside the nodes' 198.18.0.0/16 and
+# outside the pods' 198.19.0.0/17 (the cluster CIDR), as a client on the Internet would.
+ROUTER4 = IPv4Address("198.18.0.1")
+ROUTER6 = IPv6Address("2001:db8::1")
+OUTSIDE4 = IPv4Network("198.19.200.0/24")
+OUTSIDE6 = IPv6Network("2001:db8:2::/64")
+OUTSIDE_GW4 = IPv4Address("198.19.200.1")
+OUTSIDE_GW6 = IPv6Address("2001:db8:2::1")
+OUTSIDE_CLIENT4 = IPv4Address("198.19.200.10")
+OUTSIDE_CLIENT6 = IPv6Address("2001:db8:2::10")
 # Left free on the segment for LoadBalancer / external IPs; the lab never assigns these.
 LB_RANGE4 = (IPv4Address("198.18.0.200"), IPv4Address("198.18.0.250"))
 LB_RANGE6 = (IPv6Address("2001:db8::200"), IPv6Address("2001:db8::250"))
@@ -115,6 +130,7 @@ class LabSpec:
     zones: tuple[str, ...] = ("zone-a", "zone-b")
     with_controlplane: bool = True
     with_client: bool = True
+    with_router: bool = False
     prefix: str | None = None
 
 
@@ -215,6 +231,17 @@ class Lab(UpDown):
             if spec.with_controlplane
             else None
         )
+        self.router: Host | None = None
+        self.outside: Host | None = None
+        if spec.with_router:
+            self.router = Host("router", f"{self.prefix}-router", ROUTER4, ROUTER6, SEGMENT_IFNAME)
+            self.outside = Host(
+                "outside",
+                f"{self.prefix}-outside",
+                OUTSIDE_CLIENT4,
+                OUTSIDE_CLIENT6,
+                SEGMENT_IFNAME,
+            )
         self._state = _State()
         self._served: dict[str, dict[str, int | None]] = {}
 
@@ -239,8 +266,10 @@ class Lab(UpDown):
         raise KeyError(name)
 
     def segment_hosts(self) -> list[Host]:
-        """Return every host with a port on the switch: control plane, nodes, client."""
+        """Return every host with a port on the switch: router, control plane, nodes, client."""
         hosts: list[Host] = []
+        if self.router is not None:
+            hosts.append(self.router)
         if self.controlplane is not None:
             hosts.append(self.controlplane)
         hosts.extend(self.nodes)
@@ -475,6 +504,8 @@ class Lab(UpDown):
             "pods": [host(p) | {"node": p.node} for p in self.pods],
             "client": None if self.client is None else host(self.client),
             "controlplane": None if self.controlplane is None else host(self.controlplane),
+            "router": None if self.router is None else host(self.router),
+            "outside": None if self.outside is None else host(self.outside),
             "up": bool(self._state.namespaces),
         }
 
@@ -499,7 +530,7 @@ class Lab(UpDown):
         self._ip(sw, f"link add name {SWITCH_BRIDGE} type bridge {_BRIDGE_OPTS}")
         self._ip(sw, f"link set {SWITCH_BRIDGE} up")
         for h in self.segment_hosts():
-            self._create_ns(h.ns, router=isinstance(h, LabNode))
+            self._create_ns(h.ns, router=isinstance(h, LabNode) or h is self.router)
             port = self.switch_port(h)
             self._ip(sw, f"link add name {port} type veth peer name {h.ifname} netns {h.ns}")
             self._ip(sw, f"link set {port} master {SWITCH_BRIDGE}")
@@ -518,6 +549,34 @@ class Lab(UpDown):
                 if peer.name != h.name:
                     self._ip(h.ns, f"-4 route add {peer.pod_cidr4} via {peer.ip4}")
                     self._ip(h.ns, f"-6 route add {peer.pod_cidr6} via {peer.ip6}")
+        if self.router is not None and self.outside is not None:
+            self._build_outside(self.router, self.outside)
+
+    def _build_outside(self, router: Host, outside: Host) -> None:
+        """Link the outside client to the router; route the outside network via the router."""
+        self._create_ns(outside.ns)
+        self._ip(
+            router.ns, f"link add name eth1 type veth peer name {outside.ifname} netns {outside.ns}"
+        )
+        self._address(
+            router.ns,
+            "eth1",
+            IPv4Interface((OUTSIDE_GW4, OUTSIDE4.prefixlen)),
+            IPv6Interface((OUTSIDE_GW6, OUTSIDE6.prefixlen)),
+        )
+        self._address(
+            outside.ns,
+            outside.ifname,
+            IPv4Interface((outside.ip4, OUTSIDE4.prefixlen)),
+            IPv6Interface((outside.ip6, OUTSIDE6.prefixlen)),
+        )
+        # The whole lab space, not a default route: nothing leaves the lab.
+        self._ip(outside.ns, f"-4 route add {LAB_SPACE4} via {OUTSIDE_GW4}")
+        self._ip(outside.ns, f"-6 route add {LAB_SPACE6} via {OUTSIDE_GW6}")
+        for h in self.segment_hosts():
+            if h is not router:
+                self._ip(h.ns, f"-4 route add {OUTSIDE4} via {router.ip4}")
+                self._ip(h.ns, f"-6 route add {OUTSIDE6} via {router.ip6}")
 
     def _build_node(self, k: int, node: LabNode) -> None:
         gw4, gw6 = gateway_addresses(k)

@@ -16,7 +16,17 @@ import pytest
 from agent.model.net import IPAddress, Protocol
 from lab import client, netns
 from lab.client import Failure, Outcome, Reply
-from lab.topology import LAB_SPACE4, LAB_SPACE6, Host, Lab, LabError, LabSpec
+from lab.topology import (
+    LAB_SPACE4,
+    LAB_SPACE6,
+    OUTSIDE_GW4,
+    OUTSIDE_GW6,
+    SEGMENT4,
+    Host,
+    Lab,
+    LabError,
+    LabSpec,
+)
 from tests import rootns
 
 pytestmark = pytest.mark.kernel
@@ -85,6 +95,29 @@ def test_client_reaches_a_pod_on_each_node_through_that_node(lab: Lab, family: i
         # ... and the route the client uses goes through the pod's own node.
         route = ip_json(lab.client.ns, "route", "get", str(probe.ip))[0]
         assert ip_address(route["gateway"]) == addr(lab.node(pod.node), family)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_outside_client_reaches_pods_only_through_the_router(
+    make_lab: Callable[[LabSpec], Lab], family: int
+) -> None:
+    lab = make_lab(LabSpec(nodes=2, pods_per_node=1, with_client=False, with_router=True))
+    assert lab.outside is not None and lab.router is not None
+    assert lab.outside.ip4 not in SEGMENT4 and lab.outside.ip4 not in ip_network("198.19.0.0/17")
+    lab.start_pod_servers(tcp_port=TCP_PORT, udp_port=UDP_PORT)
+    me = addr(lab.outside, family)
+    probes = [
+        client.Probe(Protocol.TCP, addr(pod, family), TCP_PORT, timeout=5.0) for pod in lab.pods
+    ]
+    for pod, result in zip(lab.pods, client.run_probes(lab.outside.ns, probes), strict=True):
+        expect_reply(result, pod=pod.name, client_ip=me, what=f"outside to {pod.name}")
+        route = ip_json(lab.outside.ns, "route", "get", str(addr(pod, family)))[0]
+        assert ip_address(route["gateway"]) == (OUTSIDE_GW4 if family == 4 else OUTSIDE_GW6)
+    # Unplugged from the segment, the router carries nothing: there is no other way in.
+    lab.unplug(lab.router)
+    cut = client.Probe(Protocol.TCP, addr(lab.pods[0], family), TCP_PORT, timeout=1.0)
+    result = client.run_probes(lab.outside.ns, [cut])[0]
+    assert result.outcome is not client.Outcome.OK, result
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -213,11 +246,18 @@ def test_sctp_is_served_only_where_the_kernel_supports_it(lab: Lab) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pytest.param(LabSpec(), id="the default lab"),
+        pytest.param(LabSpec(with_router=True), id="with a router and an outside client"),
+    ],
+)
 def test_lab_has_no_default_route_no_foreign_address_and_no_link_to_root(
-    make_lab: Callable[[LabSpec], Lab],
+    make_lab: Callable[[LabSpec], Lab], spec: LabSpec
 ) -> None:
     before = rootns.take()
-    lab = make_lab(LabSpec())
+    lab = make_lab(spec)
     after = rootns.take()
     assert after.links == before.links, "links appeared or vanished in the root namespace"
     assert after.addresses == before.addresses and after.routes == before.routes
