@@ -9,6 +9,7 @@ log() { printf '[%s] %s\n' "$BUILD_NAME" "$*" >&2; }
 quiet() {
   local logfile=$1
   shift
+  [[ $logfile == /* ]] || logfile="$PWD/$logfile"
   if ! "$@" >"$logfile" 2>&1; then
     log "FAILED: $*"
     log "last lines of $logfile:"
