@@ -28,7 +28,7 @@ from lab import binaries, cluster, controlplane, topology
 REPO = Path(__file__).resolve().parents[2]
 VAGRANT = REPO / "vagrant"
 LAB = yaml.safe_load((VAGRANT / "lab.yaml").read_text())
-SCRIPTS = [*sorted(VAGRANT.rglob("*.sh")), REPO / "scripts" / "build-promtool.sh"]
+SCRIPTS = [*sorted(VAGRANT.rglob("*.sh")), *sorted((REPO / "scripts").glob("*.sh"))]
 TOOL_TIMEOUT = 120.0
 
 # Evaluates the Vagrantfile given as ARGV[0] with a Vagrant.configure that records every call
