@@ -78,7 +78,10 @@ MOD
   local gomod moddir
   gomod="$(sed -n 's/.*"GoMod": "\(.*\)".*/\1/p' mod.json)"
   moddir="$(sed -n 's/.*"Dir": "\(.*\)".*/\1/p' mod.json)"
-  [[ -f $gomod && -d $moddir ]] || { log "ERROR: no go.mod or source directory in $PWD/mod.json"; exit 1; }
+  if [[ ! -f $gomod || ! -d $moddir ]]; then
+    log "ERROR: no go.mod or source directory in $PWD/mod.json"
+    exit 1
+  fi
   grep -Eo 'k8s\.io/[a-z0-9-]+ v0\.0\.0' "$gomod" | awk '{print $1}' | sort -u | while read -r m; do
     printf 'replace %s v0.0.0 => %s %s\n' "$m" "$m" "$staging_ver" >> go.mod
   done

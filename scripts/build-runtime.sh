@@ -55,7 +55,10 @@ build_containerd() {
   for b in containerd containerd-shim-runc-v2 ctr; do
     [[ -x "$CONTAINERD_OUT/$b" ]] || missing+=("$b")
   done
-  [[ ${#missing[@]} -eq 0 ]] && { log "containerd $CONTAINERD_VERSION cached in $CONTAINERD_OUT"; return; }
+  if [[ ${#missing[@]} -eq 0 ]]; then
+    log "containerd $CONTAINERD_VERSION cached in $CONTAINERD_OUT"
+    return
+  fi
   log "building ${missing[*]} $CONTAINERD_VERSION (cold: a few minutes)"
   mkdir -p "$CONTAINERD_OUT"
   wrapper_module "$CACHE/build/containerd-$CONTAINERD_VERSION" containerdbuild \
@@ -102,7 +105,8 @@ build_pause() {
   [[ -x "$PAUSE_OUT/pause" ]] && { log "pause cached in $PAUSE_OUT"; return; }
   log "building pause from ${PAUSE_SRC#"$ROOT"/}"
   mkdir -p "$PAUSE_OUT"
-  quiet "$CACHE/build/pause.log" gcc -static -Os -s -Wall -Wextra -o "$PAUSE_OUT/pause.tmp" "$PAUSE_SRC"
+  quiet "$CACHE/build/pause.log" \
+    gcc -static -Os -s -Wall -Wextra -o "$PAUSE_OUT/pause.tmp" "$PAUSE_SRC"
   mv "$PAUSE_OUT/pause.tmp" "$PAUSE_OUT/pause"
   expect_output "nodelb-pause" "$PAUSE_OUT/pause" -v
 }
