@@ -1,5 +1,6 @@
 # nodelb — `make demo` runs the lab demo, `make test` runs every test tier.
-# Both set up what they need first (Debian packages, the virtualenv, the Kubernetes binaries);
+# Both set up what they need first (Debian packages, the virtualenv, the Kubernetes binaries,
+# the node runtime);
 # every set-up step is idempotent and quick when already done.
 SHELL := /bin/bash
 include versions.env
@@ -8,7 +9,9 @@ include versions-promtool.env
 PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
-CACHE ?= $(HOME)/.cache/nodelb
+CACHE ?= $(or $(NODELB_CACHE),$(HOME)/.cache/nodelb)
+# The build scripts and lab/binaries.py find the cache through this.
+export NODELB_CACHE := $(CACHE)
 KUBE_BIN := $(CACHE)/k8s/$(KUBE_VERSION)
 ETCD_BIN := $(CACHE)/etcd/$(ETCD_VERSION)
 export NODELB_KUBE_BIN := $(KUBE_BIN)
@@ -18,7 +21,11 @@ export PROMTOOL := $(CACHE)/promtool/$(PROMTOOL_VERSION)/promtool
 APT_PACKAGES := nftables libnftables1 python3-nftables iproute2 keepalived conntrack tcpdump \
 	socat iputils-ping arping ndisc6 openssl shellcheck procps
 
-.PHONY: test demo setup deps venv kube promtool lint typecheck unit kernel e2e bench clean
+# The node runtime (scripts/build-runtime.sh): runc links libseccomp, found through pkg-config;
+# the kubelets' pods get their network from the CNI plugins in /usr/lib/cni.
+APT_PACKAGES += libseccomp-dev pkg-config containernetworking-plugins
+
+.PHONY: test demo setup deps venv kube runtime promtool lint typecheck unit kernel e2e bench clean
 
 test: setup lint typecheck
 	$(VPY) -m pytest tests
@@ -27,7 +34,7 @@ demo: setup
 	@# builds the persistent lab (replacing a previous one) and leaves it up: `nodelb lab down`
 	$(VENV)/bin/nodelb lab demo
 
-setup: deps venv kube promtool
+setup: deps venv kube runtime promtool
 
 # Debian packages: install only when one is missing, so a warm run does no apt work.
 deps:
@@ -58,6 +65,10 @@ $(VENV)/.stamp: pyproject.toml
 
 kube:
 	./scripts/build-kube.sh >/dev/null
+
+# containerd, runc and pause for the lab nodes' kubelets (needs the deps above for runc)
+runtime:
+	./scripts/build-runtime.sh >/dev/null
 
 promtool:
 	./scripts/build-promtool.sh >/dev/null
