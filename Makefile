@@ -65,7 +65,7 @@ promtool:
 lint: venv
 	$(VENV)/bin/ruff check agent rules lab tests bench
 	$(VENV)/bin/ruff format --check agent rules lab tests bench
-	$(VENV)/bin/hadolint deploy/Containerfile
+	$(VENV)/bin/hadolint deploy/Containerfile lab/images/*/Containerfile
 	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: venv
