@@ -16,9 +16,10 @@ export NODELB_ETCD_BIN := $(ETCD_BIN)
 export PROMTOOL := $(CACHE)/promtool/$(PROMTOOL_VERSION)/promtool
 
 APT_PACKAGES := nftables libnftables1 python3-nftables iproute2 keepalived conntrack tcpdump \
-	socat iputils-ping arping ndisc6 openssl shellcheck procps
+	socat iputils-ping arping ndisc6 openssl shellcheck procps \
+	mmdebstrap buildah
 
-.PHONY: test demo setup deps venv kube promtool lint typecheck unit kernel e2e bench clean
+.PHONY: test demo setup deps venv kube promtool images lint typecheck unit kernel e2e bench clean
 
 test: setup lint typecheck
 	$(VPY) -m pytest tests
@@ -61,6 +62,11 @@ kube:
 
 promtool:
 	./scripts/build-promtool.sh >/dev/null
+
+# The OCI archives the lab's nodes import into containerd (nodelb's image from deploy/, the e2e
+# pause and agnhost images); cached, so a warm run only hashes the inputs.
+images: deps kube
+	./scripts/build-images.sh >/dev/null
 
 lint: venv
 	$(VENV)/bin/ruff check agent rules lab tests bench
