@@ -58,8 +58,10 @@ class ControlPlane:
         workdir: Path,
         *,
         service_cidr: str = DEFAULT_SERVICE_CIDR,
+        kubelets: bool = False,
     ) -> None:
         self.ns = ns
+        self.kubelets = kubelets
         self.ip4 = ip4
         self.workdir = workdir
         self.service_cidr: IPv4Network = IPv4Network(service_cidr)
@@ -278,6 +280,21 @@ class ControlPlane:
         ]
 
     def _apiserver_args(self, p: pki.ControlPlanePki) -> list[str]:
+        if self.kubelets:
+            # As real clusters run: kubelets authorised by the Node authorizer and limited to
+            # their own Node and Pods by NodeRestriction; the apiserver's own Endpoints for
+            # the `kubernetes` Service (pods reach it through kube-proxy); a client cert for
+            # the kubelets' API (logs, exec).
+            kubelet_client = self.kubelet_client_cert()
+            node_args = [
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                f"--kubelet-client-certificate={kubelet_client.cert}",
+                f"--kubelet-client-key={kubelet_client.key}",
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
+        else:
+            node_args = ["--authorization-mode=RBAC", "--endpoint-reconciler-type=none"]
         return [
             f"--etcd-servers={ETCD_CLIENT_URL}",
             f"--bind-address={self.ip4}",
@@ -291,12 +308,47 @@ class ControlPlane:
             f"--service-account-key-file={p.sa_pub}",
             f"--service-account-signing-key-file={p.sa_key}",
             f"--service-cluster-ip-range={self.service_cidr},{DEFAULT_SERVICE_CIDR6}",
-            "--authorization-mode=RBAC",
-            "--endpoint-reconciler-type=none",
+            *node_args,
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             "--profiling=false",
             "--v=1",
         ]
+
+    def kubelet_client_cert(self) -> pki.CertKey:
+        """Return the apiserver's client certificate for the kubelets' API (made once)."""
+        p = self._require_pki()
+        directory = self.workdir / "pki"
+        if not (directory / "apiserver-kubelet-client.crt").exists():
+            return pki.client_cert(
+                p.ca, directory, "apiserver-kubelet-client",
+                user="kube-apiserver-kubelet-client", groups=["system:masters"],
+            )  # fmt: skip
+        return pki.CertKey(
+            directory / "apiserver-kubelet-client.crt", directory / "apiserver-kubelet-client.key"
+        )
+
+    def client_kubeconfig(self, stem: str, *, user: str, groups: Sequence[str] = ()) -> Path:
+        """Return a kubeconfig authenticating as `user` in `groups` by a client certificate.
+
+        For the lab's kubelets (system:node:<name> in system:nodes), kube-controller-manager
+        and kube-scheduler (their own users, which RBAC's default bindings know). Made once;
+        the file is `<stem>.kubeconfig` in the work directory.
+        """
+        path = self.workdir / f"{stem}.kubeconfig"
+        if not path.exists():
+            p = self._require_pki()
+            cert = pki.client_cert(p.ca, self.workdir / "pki", stem, user=user, groups=groups)
+            user_doc = {
+                "client-certificate-data": _b64(cert.cert),
+                "client-key-data": _b64(cert.key),
+            }
+            self._write_kubeconfig(path, user, user_doc)
+        return path
+
+    @property
+    def certificates(self) -> pki.ControlPlanePki:
+        """Return the control plane's PKI (CA, SA keys, ...); raises before `start()`."""
+        return self._require_pki()
 
     def _require_pki(self) -> pki.ControlPlanePki:
         if self._pki is None:
