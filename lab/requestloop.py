@@ -2,9 +2,11 @@
 
 `RequestLoop` runs a small stdlib-only Python process in the client namespace that opens a TCP
 connection to `ip:port` every `interval` seconds (each with `timeout`), reads the pod's one-line
-answer, and prints one JSON line per request: monotonic send time, ok or the failure. `stop()`
-ends it (SIGTERM, by PID) and returns the results; `outage()` is the longest stretch from the
-first failed request to the next answered one.
+answer (lab.servers), or with `http_path` sends an HTTP/1.0 GET and takes a 200's body as the
+answer (agnhost netexec's /hostname on real nodes), and prints one JSON line per request:
+monotonic send time, ok or the failure. `stop()` ends it (SIGTERM, by PID) and returns the
+results; `outage()` is the longest stretch from the first failed request to the next answered
+one.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from lab import netns
 _SNIPPET = r"""
 import json, signal, socket, sys, time
 ip, port, interval, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+path = sys.argv[5]
 fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
 running = True
 def stop(*_):
@@ -36,14 +39,21 @@ while running:
         with socket.socket(fam, socket.SOCK_STREAM) as s:
             s.settimeout(timeout)
             s.connect((ip, port))
+            if path:
+                s.sendall(b"GET " + path.encode() + b" HTTP/1.0\r\nHost: lab\r\n\r\n")
             data = b""
-            while not data.endswith(b"\n"):
+            while path or not data.endswith(b"\n"):
                 chunk = s.recv(4096)
                 if not chunk:
                     break
                 data += chunk
-        out["ok"] = bool(data)
-        out["pod"] = data.decode(errors="replace").split()[0] if data else ""
+        if path:
+            head, _, body = data.partition(b"\r\n\r\n")
+            out["ok"] = head.split(b"\r\n", 1)[0].split(b" ")[1:2] == [b"200"]
+            out["pod"] = body.decode(errors="replace").strip()
+        else:
+            out["ok"] = bool(data)
+            out["pod"] = data.decode(errors="replace").split()[0] if data else ""
     except OSError as e:
         out["ok"] = False
         out["error"] = type(e).__name__
@@ -74,9 +84,10 @@ class RequestLoop:
         interval: float = 0.02,
         timeout: float = 0.2,
         log: Path | None = None,
+        http_path: str | None = None,
     ) -> None:
         self._argv = [sys.executable, "-c", _SNIPPET, str(ip), str(port), str(interval)]
-        self._argv.append(str(timeout))
+        self._argv += [str(timeout), http_path or ""]
         self._ns = ns
         self._log = log
         self._proc: subprocess.Popen[str] | None = None
