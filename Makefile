@@ -34,7 +34,7 @@ demo: setup
 	@# builds the persistent lab (replacing a previous one) and leaves it up: `nodelb lab down`
 	$(VENV)/bin/nodelb lab demo
 
-setup: deps venv kube runtime promtool
+setup: deps venv kube runtime promtool images
 
 # Debian packages: install only when one is missing, so a warm run does no apt work.
 deps:

@@ -412,7 +412,13 @@ def cmd_lab(args: argparse.Namespace) -> int:
         print(f"nodelb lab: {exc}", file=sys.stderr)
         return 1
     try:
-        if args.lab_command == "up":
+        if args.lab_command == "up" and args.real_nodes:
+            real = session.up_real_nodes(nodes=args.nodes)
+            print(
+                f"lab up: {len(real.nodes)} real nodes (kubelet, containerd, nodelb from "
+                "deploy/); `nodelb lab status` describes it"
+            )
+        elif args.lab_command == "up":
             cluster = session.up(
                 nodes=args.nodes, pods_per_node=args.pods, kube_proxy=not args.no_kube_proxy
             )
@@ -519,6 +525,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--pods", type=int, default=2, help="pods per node")
     up.add_argument("--no-kube-proxy", action="store_true")
+    up.add_argument(
+        "--real-nodes",
+        action="store_true",
+        help="kubelet and containerd in every node, a router and an outside client, nodelb "
+        "installed from deploy/ (needs `make realnodes` built; see README)",
+    )
     lab.add_parser("down", help="remove the lab")
     st = lab.add_parser("status", help="describe the running lab")
     st.add_argument("--json", action="store_true")

@@ -14,6 +14,7 @@ from typing import Any
 
 from lab import netns
 from lab.cluster import ClusterLab
+from lab.realnodes import RealNodeCluster, teardown_recorded
 from lab.topology import LabSpec, remove_stale
 
 PREFIX = "nlblab"
@@ -59,7 +60,26 @@ def up(
     return cluster
 
 
-def save(cluster: ClusterLab) -> None:
+def up_real_nodes(*, nodes: int = 3) -> RealNodeCluster:
+    """Build the persistent real-node lab (kubelets, containerd, nodelb from deploy/), record
+    it (with what `down` must restore on the host), detach it, and return it."""
+    if is_up():
+        raise SessionError("a lab is already up: run `nodelb lab down` first")
+    if WORKDIR.exists():
+        shutil.rmtree(WORKDIR)
+    spec = LabSpec(nodes=nodes, pods_per_node=0, prefix=PREFIX, with_client=False, with_router=True)
+    cluster = RealNodeCluster(spec, WORKDIR)
+    cluster.up()
+    try:
+        save(cluster)
+    except BaseException:
+        cluster.down()
+        raise
+    cluster.detach()
+    return cluster
+
+
+def save(cluster: ClusterLab | RealNodeCluster) -> None:
     """Write the state file describing `cluster` (namespaces, addresses, PIDs, kubeconfig)."""
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     state = cluster.to_json()
@@ -81,6 +101,8 @@ def down() -> list[str]:
     removed: list[str] = []
     if STATE_FILE.exists():
         state = json.loads(STATE_FILE.read_text())
+        if "real_nodes" in state:  # nodes first: their processes live in the namespaces
+            teardown_recorded(state["real_nodes"])
         for ns in reversed(state.get("namespaces", [])):
             if netns.exists(ns):
                 netns.delete(ns)

@@ -573,10 +573,13 @@ class Lab(UpDown):
         # The whole lab space, not a default route: nothing leaves the lab.
         self._ip(outside.ns, f"-4 route add {LAB_SPACE4} via {OUTSIDE_GW4}")
         self._ip(outside.ns, f"-6 route add {LAB_SPACE6} via {OUTSIDE_GW6}")
+        # The router is every segment host's gateway for the rest of the lab space (the
+        # outside network, and addresses such as Service ClusterIPs that only need a route
+        # for the first lookup before kube-proxy's DNAT): a default route scoped to the lab.
         for h in self.segment_hosts():
             if h is not router:
-                self._ip(h.ns, f"-4 route add {OUTSIDE4} via {router.ip4}")
-                self._ip(h.ns, f"-6 route add {OUTSIDE6} via {router.ip6}")
+                self._ip(h.ns, f"-4 route add {LAB_SPACE4} via {router.ip4}")
+                self._ip(h.ns, f"-6 route add {LAB_SPACE6} via {router.ip6}")
 
     def _build_node(self, k: int, node: LabNode) -> None:
         gw4, gw6 = gateway_addresses(k)
