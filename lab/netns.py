@@ -106,10 +106,21 @@ def spawn(
     Output goes to `log` (appended) when given, else is discarded. The caller owns the
     process and stops it with `stop()`.
     """
+    return start(["ip", "netns", "exec", name, *argv], log=log, env=env)
+
+
+def start(
+    argv: Sequence[str], *, log: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start `argv` in a new session (its PID leads its process group) and return the Popen.
+
+    Output goes to `log` (appended) when given, else is discarded. Callers put the namespace
+    into `argv` themselves (`spawn` with `ip netns exec`, the real-node lab with nsenter).
+    """
     out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
     try:
         return subprocess.Popen(
-            ["ip", "netns", "exec", name, *argv],
+            argv,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -151,5 +162,6 @@ __all__ = [
     "pids",
     "run",
     "spawn",
+    "start",
     "stop",
 ]

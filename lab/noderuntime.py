@@ -23,7 +23,7 @@ from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import Any
 
-from lab import hoststate
+from lab import hoststate, netns
 from lab.kubelet import NodePaths
 from lab.topology import LAB_SPACE4, LAB_SPACE6, LabNode, gateway_addresses
 
@@ -192,18 +192,7 @@ def spawn_in_node(
     script = f"{joins} exec nsenter --net={shlex.quote(str(NETNS_DIR / ns))} -- " + " ".join(
         shlex.quote(a) for a in argv
     )
-    out = open(log, "ab")  # noqa: SIM115
-    try:
-        return subprocess.Popen(
-            ["sh", "-c", script],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=env,
-        )
-    finally:
-        out.close()
+    return netns.start(["sh", "-c", script], log=log, env=env)
 
 
 def ctr(
