@@ -44,18 +44,10 @@ def up(
     agent_config: dict[str, Any] | None = None,
 ) -> ClusterLab:
     """Build the persistent lab cluster, record it, detach it, and return it."""
-    if is_up():
-        raise SessionError("a lab is already up: run `nodelb lab down` first")
-    if WORKDIR.exists():
-        shutil.rmtree(WORKDIR)
+    _fresh_workdir()
     spec = LabSpec(nodes=nodes, pods_per_node=pods_per_node, prefix=PREFIX)
     cluster = ClusterLab(spec, WORKDIR, kube_proxy=kube_proxy, agent_config=agent_config)
-    cluster.up()
-    try:
-        save(cluster)
-    except BaseException:
-        cluster.down()
-        raise
+    _up_and_record(cluster)
     cluster.lab.detach()
     return cluster
 
@@ -63,20 +55,30 @@ def up(
 def up_real_nodes(*, nodes: int = 3) -> RealNodeCluster:
     """Build the persistent real-node lab (kubelets, containerd, nodelb from deploy/), record
     it (with what `down` must restore on the host), detach it, and return it."""
+    _fresh_workdir()
+    spec = LabSpec(nodes=nodes, pods_per_node=0, prefix=PREFIX, with_client=False, with_router=True)
+    cluster = RealNodeCluster(spec, WORKDIR)
+    _up_and_record(cluster)
+    cluster.detach()
+    return cluster
+
+
+def _fresh_workdir() -> None:
+    """Refuse when a lab is up; else start from an empty work directory."""
     if is_up():
         raise SessionError("a lab is already up: run `nodelb lab down` first")
     if WORKDIR.exists():
         shutil.rmtree(WORKDIR)
-    spec = LabSpec(nodes=nodes, pods_per_node=0, prefix=PREFIX, with_client=False, with_router=True)
-    cluster = RealNodeCluster(spec, WORKDIR)
+
+
+def _up_and_record(cluster: ClusterLab | RealNodeCluster) -> None:
+    """Bring `cluster` up and write its state file; tear it down if the state is not saved."""
     cluster.up()
     try:
         save(cluster)
     except BaseException:
         cluster.down()
         raise
-    cluster.detach()
-    return cluster
 
 
 def save(cluster: ClusterLab | RealNodeCluster) -> None:
