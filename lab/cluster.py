@@ -37,7 +37,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.model.net import IPAddress
 from lab import binaries, netns, readers
-from lab.controlplane import ControlPlane, tail
+from lab.controlplane import ControlPlane, ControlPlaneAccess, tail
 from lab.lifecycle import UpDown
 from lab.topology import (
     LAB_SPACE4,
@@ -176,12 +176,14 @@ def _element_key(elem: Any) -> tuple[IPAddress, int, int] | None:
     return ipaddress.ip_address(str(ip)), proto_n, port
 
 
-class ClusterLab(UpDown):
+class ClusterLab(ControlPlaneAccess, UpDown):
     """A lab with a control plane, registered Nodes, pod servers, kube-proxy and nodelb agents.
 
     Nothing happens in the constructor. `lab`, `nodes` and `pods` are valid from construction
     on; `api`, `controlplane` only between `up()` and `down()`.
     """
+
+    not_up = ClusterError
 
     def __init__(
         self,
@@ -219,30 +221,6 @@ class ClusterLab(UpDown):
         """Return the client's namespace."""
         assert self.lab.client is not None
         return self.lab.client.ns
-
-    @property
-    def controlplane(self) -> ControlPlane:
-        """Return the running control plane; raises ClusterError before `up()`."""
-        if self._cp is None:
-            raise ClusterError("the cluster is not up")
-        return self._cp
-
-    @property
-    def api(self) -> kclient.ApiClient:
-        """Return an admin ApiClient usable from the test process (renewed after a restart)."""
-        if self._api is None:
-            self._api = self.controlplane.api_client()
-        return self._api
-
-    @property
-    def core(self) -> kclient.CoreV1Api:
-        """Return a CoreV1Api on `api`."""
-        return kclient.CoreV1Api(self.api)
-
-    @property
-    def discovery(self) -> kclient.DiscoveryV1Api:
-        """Return a DiscoveryV1Api on `api`."""
-        return kclient.DiscoveryV1Api(self.api)
 
     def kubeconfig(self) -> Path:
         """Return the admin kubeconfig path (for processes inside the lab)."""

@@ -376,6 +376,44 @@ class ControlPlane:
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
+class ControlPlaneAccess:
+    """The admin API of a lab's control plane, for the labs that run one (ClusterLab,
+    RealNodeCluster): `controlplane` raises `not_up` before `up()`, `api` is made once."""
+
+    not_up: type[Exception] = ControlPlaneError
+    _cp: ControlPlane | None = None
+    _api: kclient.ApiClient | None = None
+
+    @property
+    def controlplane(self) -> ControlPlane:
+        """Return the running control plane; raises `not_up` before `up()`."""
+        if self._cp is None:
+            raise self.not_up("the lab is not up: no control plane")
+        return self._cp
+
+    @property
+    def api(self) -> kclient.ApiClient:
+        """Return an admin ApiClient usable from the test process (renewed after a restart)."""
+        if self._api is None:
+            self._api = self.controlplane.api_client()
+        return self._api
+
+    @property
+    def core(self) -> kclient.CoreV1Api:
+        """Return a CoreV1Api on `api`."""
+        return kclient.CoreV1Api(self.api)
+
+    @property
+    def apps(self) -> kclient.AppsV1Api:
+        """Return an AppsV1Api on `api`."""
+        return kclient.AppsV1Api(self.api)
+
+    @property
+    def discovery(self) -> kclient.DiscoveryV1Api:
+        """Return a DiscoveryV1Api on `api`."""
+        return kclient.DiscoveryV1Api(self.api)
+
+
 def tail(path: Path, lines: int = 50) -> str:
     """Return a header naming `path` and its last `lines` lines ("(missing)" if absent)."""
     try:

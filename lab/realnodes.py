@@ -36,7 +36,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.model.net import IPAddress
 from lab import binaries, hoststate, images, netns, noderuntime
-from lab.controlplane import ControlPlane, tail
+from lab.controlplane import ControlPlane, ControlPlaneAccess, tail
 from lab.kubelet import NODES_ROOT, NodePaths, kubelet_argv, kubelet_configuration
 from lab.lifecycle import UpDown
 from lab.topology import Host, Lab, LabError, LabNode, LabSpec
@@ -117,8 +117,10 @@ class _NodeRuntime:
     powered_off: bool = False
 
 
-class RealNodeCluster(UpDown):
+class RealNodeCluster(ControlPlaneAccess, UpDown):
     """The real-node lab. Nothing happens in the constructor; `up()` builds it all."""
+
+    not_up = RealNodeError
 
     def __init__(self, spec: LabSpec, workdir: Path, *, install_nodelb: bool = True) -> None:
         if not (spec.with_controlplane and spec.with_router):
@@ -161,27 +163,6 @@ class RealNodeCluster(UpDown):
     def router(self) -> Host:
         assert self.lab.router is not None
         return self.lab.router
-
-    @property
-    def controlplane(self) -> ControlPlane:
-        if self._cp is None:
-            raise RealNodeError("the real-node lab is not up")
-        return self._cp
-
-    @property
-    def api(self) -> kclient.ApiClient:
-        """Return an admin ApiClient usable from the test process."""
-        if self._api is None:
-            self._api = self.controlplane.api_client()
-        return self._api
-
-    @property
-    def core(self) -> kclient.CoreV1Api:
-        return kclient.CoreV1Api(self.api)
-
-    @property
-    def apps(self) -> kclient.AppsV1Api:
-        return kclient.AppsV1Api(self.api)
 
     def get_json(self, path: str, **query: str) -> dict[str, Any]:
         """Return the API object or list at `path` (e.g. "/api/v1/nodes") as plain JSON.
@@ -246,7 +227,8 @@ class RealNodeCluster(UpDown):
         try:
             self._build()
         except BaseException as exc:
-            exc.add_note(self.log_tails())
+            if not getattr(exc, "__notes__", None):  # a failed wait has added the tails
+                exc.add_note(self.log_tails())
             try:
                 self.down()
             except Exception as teardown_error:
