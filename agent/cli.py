@@ -432,7 +432,10 @@ def cmd_lab(args: argparse.Namespace) -> int:
                 print(orjson.dumps(state, option=orjson.OPT_INDENT_2).decode())
             else:
                 for key in ("workdir", "apiserver", "kubeconfig", "agents", "kube_proxies"):
-                    print(f"{key:<13} {state.get(key)}")
+                    if key in state:
+                        print(f"{key:<13} {state[key]}")
+                for node in state.get("real_nodes", {}).get("nodes", []):
+                    print(f"{'real node':<13} {node['name']}: {node['base']}")
                 alive = state.get("alive", {})
                 print(f"{'namespaces':<13} {sum(alive.values())}/{len(alive)} present")
         elif args.lab_command == "demo":

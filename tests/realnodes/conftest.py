@@ -1,6 +1,6 @@
 """The real-node tier's cluster: kubelets, containerd, the real controllers, nodelb from deploy/.
 
-One cluster for the whole tier (session-scoped: bringing it up costs about a minute): three
+One cluster per test module (bringing it up costs about a minute): three
 nodes in two zones (node-1 and node-3 in zone-a, node-2 in zone-b), a router and an outside
 client. Tests that break something (a rolling update, a node powered off) run last, in the
 order of the test module.
@@ -25,7 +25,7 @@ REAL_SPEC = LabSpec(
 )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def real_cluster(
     tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
 ) -> Iterator[RealNodeCluster]:

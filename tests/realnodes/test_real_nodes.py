@@ -82,13 +82,19 @@ def deployment(name: str, replicas: int) -> dict[str, Any]:
 
 
 def lb_service(
-    name: str, *, policy: str = "Cluster", traffic_distribution: str | None = None
+    name: str,
+    *,
+    policy: str = "Cluster",
+    traffic_distribution: str | None = None,
+    family: str = "IPv4",
 ) -> dict[str, Any]:
     """Return a LoadBalancer Service for the `web` pods (no class: nodelb handles those)."""
     spec: dict[str, Any] = {
         "type": "LoadBalancer",
         "selector": {"app": APP},
         "externalTrafficPolicy": policy,
+        "ipFamilyPolicy": "SingleStack",
+        "ipFamilies": [family],
         "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": HTTP_PORT}],
     }
     if traffic_distribution is not None:
@@ -110,7 +116,7 @@ class Web:
 
 
 def serving_ip(cluster: RealNodeCluster, name: str) -> str | None:
-    """Return the Service's IPv4 ingress IP once LoadBalancerServing is True (else None)."""
+    """Return the Service's ingress IP once LoadBalancerServing is True (else None)."""
     status = cluster.get_json(f"/api/v1/namespaces/{NAMESPACE}/services/{name}")["status"]
     conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
     ingress = status.get("loadBalancer", {}).get("ingress", [])
@@ -143,6 +149,7 @@ def web(real_cluster: RealNodeCluster) -> Iterator[Web]:
         "web-local": lb_service("web-local", policy="Local"),
         "web-node": lb_service("web-node", traffic_distribution="PreferSameNode"),
         "web-zone": lb_service("web-zone", traffic_distribution="PreferSameZone"),
+        "web6": lb_service("web6", family="IPv6"),
     }
     for body in services.values():
         core.create_namespaced_service(NAMESPACE, body)
@@ -257,6 +264,16 @@ def test_the_outside_client_reaches_pods_on_several_nodes_through_the_router(
     nodes = {web.pods[pod] for pod in counts}
     assert len(nodes) >= 2, f"every answer came from one node's pods: {counts}"
     assert holder in {n.name for n in real_cluster.nodes}
+
+
+def test_the_outside_client_reaches_an_ipv6_service_through_the_routers_neighbour_discovery(
+    real_cluster: RealNodeCluster, web: Web
+) -> None:
+    ip = web.ips["web6"]
+    assert ip_address(ip).version == 6
+    holder_of(real_cluster, ip)  # the router's ND entry names the holder's MAC
+    counts = answered_by(from_outside(real_cluster, ip, "/hostname", REQUESTS))
+    assert len({web.pods[pod] for pod in counts}) >= 2, counts
 
 
 def test_prefer_same_node_hints_from_the_controller_keep_traffic_on_the_holder(
