@@ -24,7 +24,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -58,6 +58,12 @@ REQUEST_TIMEOUT = 10.0
 # (so the router reaches its addresses by ARP/ND), externalIPs around it.
 LAB_POOL = ("198.18.0.208/28", "2001:db8::d0/124")
 LAB_EXTERNAL_CIDRS = ("198.18.0.192/26", "2001:db8::c0/122")
+
+
+# The prefixes of every real-node lab this process has started: the test session's end check
+# looks for what any of them left behind (`leftovers`), and only for theirs, so a lab another
+# process runs at the same time is not mistaken for a leak.
+STARTED: set[str] = set()
 
 
 class RealNodeError(LabError):
@@ -204,7 +210,7 @@ class RealNodeCluster(ControlPlaneAccess, UpDown):
 
     def log_tails(self, lines: int = 30) -> str:
         """Return the tails of every log: the lab's processes', then every container's."""
-        return "\n".join(tail(p, lines) for p in [*self.logs, *self.container_logs()])
+        return "\n".join(tail(p, lines) for p in [*self.logs, *self.container_logs()] if p.exists())
 
     def container_logs(self) -> list[Path]:
         """Return the log file of every container the nodes' kubelets have run so far."""
@@ -223,6 +229,7 @@ class RealNodeCluster(ControlPlaneAccess, UpDown):
             raise RealNodeError("the real-node lab is already up")
         self._saved_sysctls = hoststate.read_sysctls(hoststate.KUBELET_SYSCTLS)
         self._log_links = _container_log_links()
+        STARTED.add(self.lab.prefix)
         atexit.register(self._down_at_exit)
         try:
             self._build()
@@ -638,6 +645,24 @@ def stop_node(paths: NodePaths) -> None:
     if errors:
         raise errors[0]
     shutil.rmtree(paths.base, ignore_errors=True)
+
+
+def leftovers(prefixes: Iterable[str] | None = None) -> list[str]:
+    """Return one line per thing the real-node labs `prefixes` (default: every one this
+    process started) left on the host: a mount below their directory, their directory, a
+    cgroup of one of their nodes in any hierarchy. Empty when they cleaned up."""
+    out: list[str] = []
+    names = sorted(STARTED if prefixes is None else prefixes)
+    roots = [NODES_ROOT / p for p in names]
+    mounts = hoststate.mounts_under(Path("/proc/self/mountinfo").read_text(), roots)
+    out += [f"mount left: {m}" for m in mounts]
+    out += [f"directory left: {r}" for r in roots if r.exists()]
+    out += [
+        f"cgroup left: {c}"
+        for c in sorted(hoststate.top_level_cgroups())
+        if any(c.split("/", 1)[1].startswith(f"{p}-") for p in names)
+    ]
+    return out
 
 
 def teardown_recorded(record: Mapping[str, Any]) -> None:

@@ -2,7 +2,8 @@
 
 Kernel and e2e tests build their own namespaces; this check fails the session if any nft rule,
 address, route or link in the root namespace differs at the end, or if a namespace this
-process created is still there.
+process created is still there; and, for the real-node labs it started, if a mount, directory
+or cgroup of theirs is left or a sysctl kubelet rewrites has not been restored.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import netns
+from lab import hoststate, netns, realnodes
 from lab.controlplane import tail
 from tests import rootns
 
@@ -31,10 +32,21 @@ def root_namespace_unchanged() -> Iterator[None]:
         yield
         return
     before = rootns.take()
+    sysctls = hoststate.read_sysctls(hoststate.KUBELET_SYSCTLS)
     yield
     diffs = before.differences(rootns.take())
     if netns.CREATED:
         diffs.append(f"network namespaces left behind: {sorted(netns.CREATED)}")
+    # What real-node labs of this run left on the host: mounts, directories, cgroups, and the
+    # sysctls kubelet rewrites (host-wide: compared only when this run started such a lab).
+    diffs += realnodes.leftovers()
+    if realnodes.STARTED:
+        after = hoststate.read_sysctls(hoststate.KUBELET_SYSCTLS)
+        diffs += [
+            f"sysctl {k} was {v}, is {after.get(k)}"
+            for k, v in sysctls.items()
+            if after.get(k) != v
+        ]
     assert not diffs, "the test run changed the root network namespace:\n" + "\n".join(diffs)
 
 

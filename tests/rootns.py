@@ -1,9 +1,7 @@
-"""Snapshot of what the root network namespace and the host hold, to prove a run left them alone.
+"""Snapshot of what the root network namespace holds, to prove the test run left it alone.
 
-Only reads: `nft list ruleset`, `ip addr`, `ip route` and `ip link` in the root namespace;
-and the host-wide state a real-node lab touches: the sysctls kubelet rewrites, the top-level
-cgroups of every hierarchy, and every mount below the real-node lab's directory. The
-session-end check in tests/conftest.py compares two snapshots.
+Only reads: `nft list ruleset`, `ip addr`, `ip route` and `ip link` in the root namespace.
+The session-end check in tests/conftest.py compares two snapshots.
 """
 
 from __future__ import annotations
@@ -11,10 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
-
-from lab import hoststate
-from lab.kubelet import NODES_ROOT
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,9 +19,6 @@ class RootSnapshot:
     addresses: frozenset[tuple[str, str, str, int]]
     routes: frozenset[tuple[str, ...]]
     links: frozenset[str]
-    sysctls: frozenset[tuple[str, str]]
-    cgroups: frozenset[str]
-    lab_mounts: frozenset[str]
 
     def differences(self, later: RootSnapshot) -> list[str]:
         """Return one line per difference between this snapshot and `later` (empty if none)."""
@@ -36,7 +27,7 @@ class RootSnapshot:
             out.append(
                 f"nft ruleset changed:\n--- before\n{self.ruleset}\n--- after\n{later.ruleset}"
             )
-        for name in ("addresses", "routes", "links", "sysctls", "cgroups", "lab_mounts"):
+        for name in ("addresses", "routes", "links"):
             before, after = getattr(self, name), getattr(later, name)
             if added := sorted(map(str, after - before)):
                 out.append(f"{name} added: {added}")
@@ -70,9 +61,4 @@ def take() -> RootSnapshot:
         addresses=frozenset(addresses),
         routes=frozenset(routes),
         links=frozenset(links),
-        sysctls=frozenset(hoststate.read_sysctls(hoststate.KUBELET_SYSCTLS).items()),
-        cgroups=hoststate.top_level_cgroups(),
-        lab_mounts=frozenset(
-            hoststate.mounts_under(Path("/proc/self/mountinfo").read_text(), [NODES_ROOT])
-        ),
     )

@@ -13,7 +13,7 @@ import pytest
 
 from lab import hoststate, netns
 from lab.kubelet import NODES_ROOT
-from lab.realnodes import RealNodeCluster
+from lab.realnodes import RealNodeCluster, leftovers
 from lab.topology import LabSpec
 
 
@@ -33,7 +33,6 @@ class FailsAfterInstall(RealNodeCluster):
 
 def test_a_bring_up_that_fails_after_the_install_leaves_nothing_behind(tmp_path: Path) -> None:
     sysctls = hoststate.read_sysctls(hoststate.KUBELET_SYSCTLS)
-    cgroups = hoststate.top_level_cgroups()
     spec = LabSpec(nodes=2, pods_per_node=0, with_client=False, with_router=True)
     cluster = FailsAfterInstall(spec, tmp_path)
     with pytest.raises(RuntimeError, match="injected failure"):
@@ -42,13 +41,10 @@ def test_a_bring_up_that_fails_after_the_install_leaves_nothing_behind(tmp_path:
     assert any("/containerd/state/" in m for m in cluster.mounted_at_failure)
     assert any("/kubelet/pods/" in m for m in cluster.mounted_at_failure)
     assert len(cluster.pids_at_failure) > 6
-    # ... and it is all gone.
+    # ... and it is all gone: mounts, directories, cgroups, namespaces, sysctls, processes.
+    assert leftovers([cluster.lab.prefix]) == []
     assert not [ns for ns in cluster.lab.namespaces if netns.exists(ns)]
     assert not any(e.name.startswith(cluster.lab.prefix) for e in netns.NETNS_DIR.iterdir())
-    assert hoststate.top_level_cgroups() == cgroups
-    left = hoststate.mounts_under(Path("/proc/self/mountinfo").read_text(), [NODES_ROOT])
-    assert left == []
-    assert not (NODES_ROOT / cluster.lab.prefix).exists()
     assert hoststate.read_sysctls(hoststate.KUBELET_SYSCTLS) == sysctls
     alive = [pid for pid in cluster.pids_at_failure if Path(f"/proc/{pid}").exists()]
     assert alive == []
