@@ -73,6 +73,16 @@ runtime:
 promtool:
 	./scripts/build-promtool.sh >/dev/null
 
+# The upstream e2e suite, e2e.test, and the ginkgo CLI at KUBE_VERSION, for the
+# [Feature:LoadBalancer] specs (issue #14); then a ginkgo dry run (no cluster, no server) checks
+# that conformance/specs.txt is what the suite selects and that conformance/skip.txt skips
+# exactly its specs. Not part of setup: the largest build of all (7 min 47 s cold, 2.95 GB
+# peak RSS), and only the conformance run needs it.
+.PHONY: conformance-build
+conformance-build: venv
+	./scripts/build-kube.sh conformance >/dev/null
+	$(VPY) -m lab.conformance check
+
 # The OCI archives the lab's nodes import into containerd (nodelb's image from deploy/, the e2e
 # pause and agnhost images); cached, so a warm run only hashes the inputs. mmdebstrap makes
 # their Debian base, buildah builds and exports them. Not part of setup.

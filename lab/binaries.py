@@ -18,11 +18,13 @@ from pathlib import Path
 VERSIONS_FILE = Path(__file__).resolve().parents[1] / "versions.env"
 PAUSE_SOURCE = Path(__file__).resolve().parent / "images" / "pause" / "pause.c"
 
-# What the namespace lab's control plane runs, and what real nodes add (issue #13); the groups
-# are also scripts/build-kube.sh's arguments.
+# What the namespace lab's control plane runs, what real nodes add (issue #13), and the
+# upstream e2e suite with the ginkgo CLI that runs it (issue #14); the groups are also
+# scripts/build-kube.sh's arguments. The conformance group is built only when asked for.
 KUBE_LAB_BINARIES = frozenset({"kube-apiserver", "kube-proxy", "kubectl"})
 KUBE_NODE_BINARIES = frozenset({"kubelet", "kube-controller-manager", "kube-scheduler", "agnhost"})
-KUBE_BINARIES = KUBE_LAB_BINARIES | KUBE_NODE_BINARIES
+KUBE_CONFORMANCE_BINARIES = frozenset({"e2e.test", "ginkgo"})
+KUBE_BINARIES = KUBE_LAB_BINARIES | KUBE_NODE_BINARIES | KUBE_CONFORMANCE_BINARIES
 ETCD_BINARIES = frozenset({"etcd"})
 CONTAINERD_BINARIES = frozenset({"containerd", "containerd-shim-runc-v2", "ctr"})
 RUNC_BINARIES = frozenset({"runc"})
@@ -132,6 +134,9 @@ def location(name: str) -> Location:
         return Location(kube_bin_dir(), "NODELB_KUBE_BIN", _pin("KUBE_VERSION"), f"{kube} lab")
     if name in KUBE_NODE_BINARIES:
         return Location(kube_bin_dir(), "NODELB_KUBE_BIN", _pin("KUBE_VERSION"), f"{kube} nodes")
+    if name in KUBE_CONFORMANCE_BINARIES:
+        build = f"{kube} conformance"
+        return Location(kube_bin_dir(), "NODELB_KUBE_BIN", _pin("KUBE_VERSION"), build)
     if name in ETCD_BINARIES:
         return Location(etcd_bin_dir(), "NODELB_ETCD_BIN", _pin("ETCD_VERSION"), f"{kube} lab")
     if name in CONTAINERD_BINARIES:

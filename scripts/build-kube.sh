@@ -2,9 +2,12 @@
 # Build the Kubernetes binaries and etcd from the Go module proxy, pinned in versions.env, and
 # cache them outside the work tree keyed by version. Rebuilds only what is missing.
 #
-#   scripts/build-kube.sh [lab|nodes|all]...      (no argument: all)
-#     lab    etcd, kube-apiserver, kube-proxy, kubectl: the namespace lab's control plane
-#     nodes  kubelet, kube-controller-manager, kube-scheduler, agnhost: real nodes (issue #13)
+#   scripts/build-kube.sh [lab|nodes|all|conformance]...      (no argument: all)
+#     lab          etcd, kube-apiserver, kube-proxy, kubectl: the namespace lab's control plane
+#     nodes        kubelet, kube-controller-manager, kube-scheduler, agnhost: real nodes (#13)
+#     all          lab and nodes
+#     conformance  e2e.test and the ginkgo CLI: the upstream e2e suite (issue #14); not in
+#                  `all`, so `make setup` does not wait for the largest binary of all
 # A caller that needs only the lab's binaries passes `lab` and does not wait for the kubelet.
 #
 # Why wrapper modules: k8s.io/kubernetes requires its staging repos (k8s.io/api, ...) at
@@ -15,6 +18,10 @@
 # (test/images/agnhost). versions.env pins AGNHOST_IMAGE and PAUSE_IMAGE, the references that
 # framework uses at KUBE_VERSION; this script fails when they disagree with the module's
 # test/utils/image/manifest.go.
+# e2e.test is the test binary of k8s.io/kubernetes/test/e2e (`go test -c`, stamped with the
+# same version as the others) and ginkgo the CLI of github.com/onsi/ginkgo/v2 at the version
+# k8s.io/kubernetes' go.mod requires, built from the same module graph as the suite; the
+# script fails when the graph selects another ginkgo than that go.mod names.
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
@@ -33,11 +40,16 @@ export CGO_ENABLED=0
 
 LAB_BINARIES=(kube-apiserver kube-proxy kubectl)
 NODE_BINARIES=(kubelet kube-controller-manager kube-scheduler agnhost)
+CONFORMANCE_BINARIES=(e2e.test ginkgo)
+GINKGO_MODULE=github.com/onsi/ginkgo/v2
 
-# kube_package NAME: the Go package of a Kubernetes binary.
+# kube_package NAME: the Go package of a Kubernetes binary (for e2e.test, the package whose
+# test binary it is).
 kube_package() {
   case $1 in
     agnhost) echo k8s.io/kubernetes/test/images/agnhost ;;
+    e2e.test) echo k8s.io/kubernetes/test/e2e ;;
+    ginkgo) echo "$GINKGO_MODULE/ginkgo" ;;
     *) echo "k8s.io/kubernetes/cmd/$1" ;;
   esac
 }
@@ -45,10 +57,14 @@ kube_package() {
 # build_kube NAME...: build the named Kubernetes binaries that are not cached; when agnhost is
 # among them, also check the pinned e2e image references.
 build_kube() {
-  local wanted=("$@") missing=() b check_images=0
+  local wanted=("$@") missing=() b check_images=0 check_ginkgo=0
   for b in "${wanted[@]}"; do
     [[ -x "$KUBE_OUT/$b" ]] || missing+=("$b")
     [[ $b == agnhost ]] && check_images=1
+  done
+  # The ginkgo check matters only when ginkgo is built: the directory is keyed by KUBE_VERSION.
+  for b in "${missing[@]}"; do
+    [[ $b == ginkgo ]] && check_ginkgo=1
   done
   # The check's result is cached next to the binaries: manifest.go never changes for a version.
   if ((check_images)) && [[ -f "$KUBE_OUT/e2e-images.env" ]]; then
@@ -108,6 +124,7 @@ func main() {
 }
 GO
   quiet tidy.log go mod tidy
+  ((check_ginkgo)) && check_ginkgo_version "$gomod"
   if ((check_images)); then
     # Without the overrides the framework reads from the environment: the defaults are the pins.
     quiet e2e-images.env env -u KUBE_TEST_REPO_LIST -u KUBE_TEST_REPO go run ./e2eimages
@@ -127,11 +144,32 @@ GO
     extra=""
     # agnhost reports its own version (test/images/agnhost/VERSION), as its Makefile sets it.
     [[ $b == agnhost ]] && extra=" -X main.Version=$(<"$moddir/test/images/agnhost/VERSION")"
-    quiet "build-$b.log" go build -trimpath -ldflags "$ld$extra" -o "$KUBE_OUT/$b.tmp" \
-      "$(kube_package "$b")"
+    if [[ $b == e2e.test ]]; then
+      # The suite's entry point (TestMain, TestE2E) lives in its _test.go files: only
+      # `go test -c` links it. -vet=off: vetting upstream's tests is not this build's job.
+      quiet "build-$b.log" go test -c -vet=off -trimpath -ldflags "$ld" \
+        -o "$KUBE_OUT/$b.tmp" "$(kube_package "$b")"
+    else
+      quiet "build-$b.log" go build -trimpath -ldflags "$ld$extra" -o "$KUBE_OUT/$b.tmp" \
+        "$(kube_package "$b")"
+    fi
     mv "$KUBE_OUT/$b.tmp" "$KUBE_OUT/$b"
     log "built $b in $((SECONDS - start)) s"
   done
+}
+
+# check_ginkgo_version GOMOD: fail unless the wrapper module selects the ginkgo that GOMOD
+# (k8s.io/kubernetes' go.mod) requires: the CLI must match the library linked into e2e.test.
+check_ginkgo_version() {
+  local want got
+  want="$(awk -v m="$GINKGO_MODULE" '$1 == m { print $2; exit }' "$1")"
+  got="$(go list -m -f '{{.Version}}' "$GINKGO_MODULE")"
+  if [[ -z $want || $want != "$got" ]]; then
+    log "ERROR: k8s.io/kubernetes $KUBE_VERSION requires $GINKGO_MODULE ${want:-<nothing>}," \
+      "but the build module selects ${got:-<nothing>}"
+    exit 1
+  fi
+  log "ginkgo $got, as k8s.io/kubernetes $KUBE_VERSION requires"
 }
 
 # compare_e2e_images FILE: fail unless FILE (what manifest.go says) matches the versions.env pins.
@@ -191,7 +229,8 @@ for group in "$@"; do
     lab) want_etcd=1; kube_wanted+=("${LAB_BINARIES[@]}") ;;
     nodes) kube_wanted+=("${NODE_BINARIES[@]}") ;;
     all) want_etcd=1; kube_wanted+=("${LAB_BINARIES[@]}" "${NODE_BINARIES[@]}") ;;
-    *) echo "usage: $0 [lab|nodes|all]..." >&2; exit 2 ;;
+    conformance) kube_wanted+=("${CONFORMANCE_BINARIES[@]}") ;;
+    *) echo "usage: $0 [lab|nodes|all|conformance]..." >&2; exit 2 ;;
   esac
 done
 

@@ -119,6 +119,14 @@ FAMILIES = [
         id="kubelet, controller manager, scheduler and agnhost by build-kube.sh nodes",
     ),
     pytest.param(
+        Family(
+            binaries.KUBE_CONFORMANCE_BINARIES,
+            "NODELB_KUBE_BIN",
+            "scripts/build-kube.sh conformance",
+        ),
+        id="e2e.test and the ginkgo CLI by build-kube.sh conformance, which all leaves out",
+    ),
+    pytest.param(
         Family(binaries.ETCD_BINARIES, "NODELB_ETCD_BIN", "scripts/build-kube.sh lab"),
         id="etcd by build-kube.sh lab",
     ),
@@ -182,7 +190,7 @@ def test_every_known_binary_has_one_family() -> None:
             binaries.PAUSE_BINARIES,
         )
     ]
-    assert sum(sizes) == len(ALL_BINARIES) == 13
+    assert sum(sizes) == len(ALL_BINARIES) == 15
 
 
 def test_unknown_binary_names_are_refused() -> None:
@@ -230,3 +238,82 @@ def test_the_build_scripts_print_the_directories_binaries_looks_in(
         "RUNC_BIN": str(binaries.runc_bin_dir()),
         "PAUSE_BIN": str(binaries.pause_bin_dir()),
     }
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    args: tuple[str, ...]
+    names: frozenset[str]  # what a warm run of build-kube.sh with `args` must find
+
+
+GROUPS = [
+    pytest.param(
+        Group((), binaries.KUBE_LAB_BINARIES | binaries.KUBE_NODE_BINARIES | {"etcd"}),
+        id="no argument means all: the lab and the nodes, without e2e.test and ginkgo",
+    ),
+    pytest.param(
+        Group(("lab",), binaries.KUBE_LAB_BINARIES | {"etcd"}),
+        id="lab: the control plane of the namespace lab and etcd",
+    ),
+    pytest.param(
+        Group(("nodes",), binaries.KUBE_NODE_BINARIES),
+        id="nodes: kubelet, controller manager, scheduler and agnhost",
+    ),
+    pytest.param(
+        Group(("conformance",), binaries.KUBE_CONFORMANCE_BINARIES),
+        id="conformance: e2e.test and ginkgo only",
+    ),
+]
+
+
+def run_build_kube(args: tuple[str, ...], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Run scripts/build-kube.sh with a `go` that fails: a run that would build anything fails."""
+    stubs = tmp_path / "stubs"
+    make_executable(stubs / "go", "#!/bin/sh\necho 'no builds in unit tests' >&2\nexit 1\n")
+    return subprocess.run(
+        [REPO / "scripts" / "build-kube.sh", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}"},
+        timeout=60,
+        check=False,
+    )
+
+
+def fake_group(names: frozenset[str]) -> None:
+    """Put fakes of `names` where binaries looks, with the image check's cached result."""
+    for name in names:
+        make_executable(binaries.location(name).directory / name)
+    versions = binaries.read_versions()
+    images = binaries.kube_bin_dir() / "e2e-images.env"
+    images.parent.mkdir(parents=True, exist_ok=True)
+    images.write_text(
+        f"AGNHOST_IMAGE={versions['AGNHOST_IMAGE']}\nPAUSE_IMAGE={versions['PAUSE_IMAGE']}\n"
+    )
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_a_warm_build_kube_group_needs_exactly_its_binaries(
+    group: Group, cache: Path, tmp_path: Path
+) -> None:
+    fake_group(group.names)
+    warm = run_build_kube(group.args, tmp_path)
+    assert warm.returncode == 0, warm.stderr
+    assert dict(line.split("=", 1) for line in warm.stdout.splitlines())["KUBE_BIN"] == str(
+        binaries.kube_bin_dir()
+    )
+    # Each binary of the group counts: without it, the run gets as far as `go` and fails.
+    for name in sorted(group.names):
+        path = binaries.location(name).directory / name
+        path.rename(path.with_suffix(".away"))
+        cold = run_build_kube(group.args, tmp_path)
+        assert cold.returncode != 0, f"{name} missing, yet {group.args} built nothing"
+        assert "no builds in unit tests" in cold.stderr, cold.stderr
+        path.with_suffix(".away").rename(path)
+
+
+def test_build_kube_refuses_an_unknown_group(cache: Path, tmp_path: Path) -> None:
+    result = run_build_kube(("e2e",), tmp_path)
+    assert result.returncode == 2
+    assert "usage:" in result.stderr
+    assert "conformance" in result.stderr
