@@ -184,7 +184,18 @@ def test_an_agent_cut_off_from_the_api_says_so_keeps_what_it_holds_and_takes_not
 
 
 def holder_of(cluster: ClusterLab, ip: IPAddress) -> LabNode | None:
-    return next((n for n in cluster.nodes if holds(n, ip)), None)
+    """Return the node holding `ip` once it is the only one and ranks first for it.
+
+    A new IP's first Master is whichever agent saw the Service first; the first-ranked node
+    (priority 254) preempts it a moment later. Taking the first holder seen made the attack
+    test blame the attack for that preemption.
+    """
+    holding = [n for n in cluster.nodes if holds(n, ip)]
+    if len(holding) != 1:
+        return None
+    code, body = cluster.agent_get(holding[0].name, "/status")
+    ranks = [i["priority"] for i in json.loads(body)["vrrp"] if str(ip) in i["addresses"]]
+    return holding[0] if code == 200 and ranks == [254] else None
 
 
 def vrid_of(cluster: ClusterLab, node: str, ip: IPAddress) -> int:
