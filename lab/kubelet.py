@@ -69,6 +69,16 @@ class NodePaths:
         return self.base / "containerd.sock"
 
     @property
+    def shim_socket_dir(self) -> Path:
+        """Where the node's shims put their sockets (containerd allows at most 42 characters)."""
+        return self.base / "s"
+
+    @property
+    def runc_root(self) -> Path:
+        """runc's state directory for the node's containers (its default is host-wide)."""
+        return self.base / "containerd" / "runc"
+
+    @property
     def netns_dir(self) -> Path:
         """Where containerd bind-mounts its pods' network namespaces (not /run/netns)."""
         return self.base / "netns"

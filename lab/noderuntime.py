@@ -28,6 +28,8 @@ from lab.kubelet import NodePaths
 from lab.topology import LAB_SPACE4, LAB_SPACE6, LabNode, gateway_addresses
 
 CNI_BIN_DIR = Path("/usr/lib/cni")
+# libcni's cache of each attachment's result: host-wide, not configurable through containerd.
+CNI_CACHE_DIR = Path("/var/lib/cni/results")
 CNI_NETWORK = "lab-pods"
 NETNS_DIR = Path("/run/netns")
 K8S_NAMESPACE = "k8s.io"
@@ -60,6 +62,11 @@ def containerd_config(paths: NodePaths, *, runc: Path, sandbox_image: str, cni_b
         "[grpc]",
         f"  address = {_toml_str(str(paths.containerd_socket))}",
         "",
+        # Shim sockets go to /run/containerd/s unless told, where a SIGKILLed shim leaves
+        # its socket behind; under the node's directory they go with it.
+        "[plugins.'io.containerd.shim.v1.manager']",
+        f"  socket_dir = {_toml_str(str(paths.shim_socket_dir))}",
+        "",
         "[plugins.'io.containerd.internal.v1.opt']",
         f"  path = {_toml_str(str(paths.base / 'containerd' / 'opt'))}",
         "",
@@ -82,6 +89,7 @@ def containerd_config(paths: NodePaths, *, runc: Path, sandbox_image: str, cni_b
         "  runtime_type = 'io.containerd.runc.v2'",
         f"[{runc_rt}.options]",
         f"  BinaryName = {_toml_str(str(runc))}",
+        f"  Root = {_toml_str(str(paths.runc_root))}",
         "  SystemdCgroup = false",
         "",
     ]
@@ -193,6 +201,25 @@ def spawn_in_node(
         shlex.quote(a) for a in argv
     )
     return netns.start(["sh", "-c", script], log=log, env=env)
+
+
+def sandbox_ids(paths: NodePaths) -> set[str]:
+    """Return the ids of every pod sandbox the node's containerd has recorded (empty: none)."""
+    ids: set[str] = set()
+    for top in (paths.containerd_root, paths.containerd_state):
+        sandboxes = top / "io.containerd.grpc.v1.cri" / "sandboxes"
+        if sandboxes.is_dir():
+            ids.update(e.name for e in sandboxes.iterdir())
+    return ids
+
+
+def cni_cache_files(ids: set[str], cache_dir: Path = CNI_CACHE_DIR) -> list[Path]:
+    """Return libcni's cached results for the sandboxes `ids` (the pods' network and their
+    loopback): host-wide files a killed node never gets to delete."""
+    if not ids or not cache_dir.is_dir():
+        return []
+    wanted = {f"{CNI_NETWORK}-{i}-eth0" for i in ids} | {f"cni-loopback-{i}-lo" for i in ids}
+    return sorted(e for e in cache_dir.iterdir() if e.name in wanted)
 
 
 def ctr(

@@ -633,6 +633,7 @@ def stop_node(paths: NodePaths) -> None:
     its directory, remove the cgroup, then the directory. Each step is tried; the first
     error is re-raised (the directory is kept then, for a look at what is left)."""
     errors: list[BaseException] = []
+    sandboxes = noderuntime.sandbox_ids(paths)
     for step in (
         lambda: hoststate.kill_cgroup(paths.cgroup),
         lambda: hoststate.unmount_under([paths.base]),
@@ -642,6 +643,8 @@ def stop_node(paths: NodePaths) -> None:
             step()
         except Exception as exc:
             errors.append(exc)
+    for cached in noderuntime.cni_cache_files(sandboxes):
+        cached.unlink(missing_ok=True)
     if errors:
         raise errors[0]
     shutil.rmtree(paths.base, ignore_errors=True)

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from lab.kubelet import NodePaths, kubelet_argv, kubelet_configuration
-from lab.noderuntime import cni_conflist, containerd_config
+from lab.kubelet import NODES_ROOT, NodePaths, kubelet_argv, kubelet_configuration
+from lab.noderuntime import cni_cache_files, cni_conflist, containerd_config
 from lab.realnodes import DEPLOY, LAB_EXTERNAL_CIDRS, LAB_POOL, RealNodeError, lab_install_documents
 from lab.topology import LAB_SPACE4, LAB_SPACE6, Lab, LabSpec
 
@@ -44,8 +44,23 @@ def test_containerd_config_keeps_every_path_below_the_node_and_turns_off_what_cl
     runc = runtime["containerd"]["runtimes"]["runc"]
     assert runc["options"]["BinaryName"] == "/cache/runc"
     assert runc["options"]["SystemdCgroup"] is False
+    assert runc["options"]["Root"].startswith(str(PATHS.base))
+    socket_dir = plugins["io.containerd.shim.v1.manager"]["socket_dir"]
+    assert socket_dir.startswith(str(PATHS.base))
+    # containerd refuses a socket_dir over 42 characters on Linux: the longest a lab makes
+    # (a random 9-character prefix, node-80) must fit.
+    longest = NodePaths(base=NODES_ROOT / "nlb123abc" / "node-80", cgroup="x")
+    assert len(str(longest.shim_socket_dir)) <= 42
     images = plugins["io.containerd.cri.v1.images"]
     assert images["pinned_images"]["sandbox"] == "registry.k8s.io/pause:3.10"
+
+
+def test_only_the_nodes_own_sandboxes_cni_cache_files_are_taken(tmp_path: Path) -> None:
+    for name in ("lab-pods-aaa-eth0", "cni-loopback-aaa-lo", "lab-pods-bbb-eth0", "other-aaa-eth0"):
+        (tmp_path / name).touch()
+    got = [p.name for p in cni_cache_files({"aaa"}, tmp_path)]
+    assert got == ["cni-loopback-aaa-lo", "lab-pods-aaa-eth0"]
+    assert cni_cache_files(set(), tmp_path) == []
 
 
 def test_the_cni_network_hands_out_the_nodes_pod_cidrs_and_routes_only_the_lab_space() -> None:
