@@ -3,12 +3,20 @@
 Speakers run at the priorities ownership gives ranks 0, 1, 2, ... (`priority_for_rank`), one
 per node, on one dual-stack VRID at 10 cs adverts; the client captures every VRRP frame on
 the segment with kernel timestamps. A crash is the lab's (`crash_speaker`: the node's link
-down, its speaker SIGKILLed). After each crash of the holder, exactly one node (the first
-backup) may advertise the VRID at priority > 0 until the next crash: a second backup that
-fires before it hears the new Master shows up as a second source. The client's neighbour
-entries must end on the new holder (moved by its gratuitous ARP / NA only: the client sends
-nothing). RFC 5798's 254, 253, 252 put the backups interval/256 (0.4 ms) apart, and in 8 of
-15 crashes a second backup advertised 0.2-0.4 ms after the first.
+down, its speaker SIGKILLed). After each crash of the holder, the first backup takes over, and
+no other node advertises the VRID at priority > 0 once the new Master's first advert has been
+on the wire long enough to be heard (a second backup that fires anyway shows up as a second
+source). The client's neighbour entries must end on the new holder (moved by its gratuitous
+ARP / NA only: the client sends nothing). RFC 5798's 254, 253, 252 put the backups
+interval/256 (0.4 ms) apart, and in 8 of 15 crashes a second backup advertised 0.2-0.4 ms
+after the first; nodelb's spaced priorities put them 25 ms apart at 10 cs.
+
+A second backup may still advertise first when the first backup's timer fires more than
+those 25 ms late (a loaded two-core CI machine did so once in 20 crashes): that is VRRP
+working as specified, not a second holder, so the test allows it only when the second
+backup's own Master_Down_Interval had run out since the old Master's last advert (it did not
+fire early) and it stopped within HEARD_WITHIN_NS of the new Master's first advert. It
+counts and prints those crashes; timings themselves are not asserted.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import pytest
 
 from agent.announce.ownership import priority_for_rank
 from agent.announce.settings import AnnounceSettings
+from agent.announce.vrrp.machine import master_down_interval
 from agent.announce.vrrp.process import SpeakerProcess
 from agent.model.net import IPAddress
 from lab import netns
@@ -48,14 +57,29 @@ TIMEOUT = 20.0
 # Adverts of the new holder to wait for after a takeover: 5 intervals, longer than any
 # backup's Master_Down_Interval (at most 4 intervals), so a second backup would have fired.
 SETTLE_ADVERTS = 5
-# After a healed partition both sides' Masters advertise until each hears the other: the
-# loser's adverts count as overlap once the winner's first advert is this old (one hop on a
-# bridge, then the loser's loop turning over).
+# After a healed partition both sides' Masters advertise until each hears the other, and a
+# second backup that fired before the new Master's first advert reached it advertises until
+# it does: a loser's adverts count as overlap once the winner's first advert is this old (one
+# hop on a bridge, then the loser's loop turning over).
 HEARD_WITHIN_NS = 5_000_000
+# Capture timestamps against a speaker's own timer: one hop on a bridge and the capture's
+# receive path.
+TIMER_START_SLACK_NS = 1_000_000
 # The holder's re-announcement reaches the client within its first burst round; seconds of
 # margin for a loaded machine, far below the 60 s refresh that would otherwise fix it.
 HEAL_ANNOUNCED_S = 3.0
 KINDS = {4: "vrrp4", 6: "vrrp6"}
+
+
+def down_ns(priority: int) -> int:
+    """Return the Master_Down_Interval of `priority` at VRRP's interval, in ns."""
+    return 1000 * master_down_interval(priority, VRRP.interval_cs)
+
+
+# The allowance below tells a late first backup from backups too close in priority only when
+# ranks 1 and 2 are further apart than the timestamps' slack (25 ms at 10 cs; RFC 5798's 253,
+# 252 were 0.4 ms apart).
+assert down_ns(priority_for_rank(2)) - down_ns(priority_for_rank(1)) > 10 * TIMER_START_SLACK_NS
 
 
 def sources(lab: Lab, node: LabNode) -> dict[str, str]:
@@ -156,18 +180,34 @@ def test_after_each_crash_of_the_holder_only_the_first_backup_advertises(
     frames = parse_capture(lab.log_of(capture))
     offenders = []
     takeovers_us = []
+    late_first_backup = 0
     for start, end in windows:
         for kind in KINDS.values():
             seen = adverts(frames, kind, start, end)
             # node-1's last advert may have been on the wire as its link went down.
-            others = {f.src for f in seen} - {src1[kind]}
-            if others != {src2[kind]}:
-                offenders.append((kind, start, sorted(others)))
-            takeovers_us.append((min(f.t_ns for f in seen if f.src == src2[kind]) - start) // 1000)
+            last1 = max(f.t_ns for f in adverts(frames, kind, 0, end) if f.src == src1[kind])
+            won_at = min(f.t_ns for f in seen if f.src == src2[kind])
+            takeovers_us.append((won_at - start) // 1000)
+            others = [f for f in seen if f.src not in (src1[kind], src2[kind])]
+            # A second backup may advertise only when the new Master's first advert came
+            # after that backup's own Master_Down_Interval had run out (the first backup was
+            # late by more than the skew between them; its timer did not fire early), and only
+            # until it could have heard that advert.
+            bad = [
+                (f.src, f.priority, f.t_ns - won_at)
+                for f in others
+                if f.t_ns > won_at + HEARD_WITHIN_NS
+                or min(f.t_ns, won_at) + TIMER_START_SLACK_NS < last1 + down_ns(f.priority)
+            ]
+            if bad:
+                offenders.append((kind, start, bad))
+            elif others:
+                late_first_backup += 1
     print(
         f"{count} nodes, {CRASHES} crashes: first advert of the new holder "
         f"{min(takeovers_us) / 1000:.0f}-{max(takeovers_us) / 1000:.0f} ms after the crash; "
-        f"latest timer {late_max_us / 1000:.1f} ms late"
+        f"latest timer {late_max_us / 1000:.1f} ms late; a second backup advertised before "
+        f"hearing the first in {late_first_backup} of {2 * CRASHES} takeovers"
     )
     assert not offenders, offenders
 
