@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
+import ipaddress
 import json
 import os
 import shutil
@@ -36,7 +37,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.model.net import IPAddress
 from lab import binaries, hoststate, images, netns, noderuntime
-from lab.controlplane import ControlPlane, ControlPlaneAccess, tail
+from lab.controlplane import DEFAULT_SERVICE_CIDR, ControlPlane, ControlPlaneAccess, tail
 from lab.kubelet import NODES_ROOT, NodePaths, kubelet_argv, kubelet_configuration
 from lab.lifecycle import UpDown
 from lab.topology import Host, Lab, LabError, LabNode, LabSpec
@@ -45,6 +46,10 @@ from lab.wait import GiveUp, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = REPO_ROOT / "deploy"
+COREDNS_MANIFEST = Path(__file__).resolve().parent / "manifests" / "coredns.yaml"
+# kube-dns's clusterIP, the kubelets' clusterDNS: the tenth address of the Service range, as
+# kubeadm picks it.
+CLUSTER_DNS_IP = str(ipaddress.ip_network(DEFAULT_SERVICE_CIDR)[10])
 NODELB_NAMESPACE = "nodelb-system"
 # Pods in 198.19.<k>.0/24: the cluster CIDR stops below the outside network (198.19.200.0/24).
 CLUSTER_CIDRS = "198.19.0.0/17,2001:db8:1::/48"
@@ -107,6 +112,33 @@ def lab_install_documents(
             f"replaced {replaced}"
         )
     return out_ds, out_policy
+
+
+def dns_documents(manifest_yaml: str, *, image: str, cluster_ip: str) -> list[dict[str, Any]]:
+    """Return lab/manifests/coredns.yaml with its image and kube-dns's clusterIP filled in.
+
+    Raises RealNodeError unless exactly one container image and one clusterIP were replaced
+    (a manifest edited out of step with this function fails here, not as a pod that never
+    starts).
+    """
+    docs = [d for d in yaml.safe_load_all(manifest_yaml) if d]
+    images_set = ips_set = 0
+    for doc in docs:
+        spec = doc.get("spec") or {}
+        if doc.get("kind") == "Deployment":
+            for container in spec["template"]["spec"]["containers"]:
+                if container.get("image") == "COREDNS_IMAGE":
+                    container["image"] = image
+                    images_set += 1
+        elif doc.get("kind") == "Service" and spec.get("clusterIP") == "CLUSTER_DNS_IP":
+            spec["clusterIP"] = cluster_ip
+            ips_set += 1
+    if (images_set, ips_set) != (1, 1):
+        raise RealNodeError(
+            f"coredns.yaml: expected one COREDNS_IMAGE and one CLUSTER_DNS_IP placeholder, "
+            f"replaced {images_set} and {ips_set}"
+        )
+    return docs
 
 
 def _cel_list(items: Sequence[str]) -> str:
@@ -260,6 +292,7 @@ class RealNodeCluster(ControlPlaneAccess, UpDown):
         self._wait_nodes_ready()
         self._set_pod_cidrs()
         self._start_kube_proxies()
+        self.install_dns()
         if self.install_nodelb:
             self.install()
 
@@ -405,7 +438,9 @@ class RealNodeCluster(ControlPlaneAccess, UpDown):
             f"kubelet-{node.name}", user=f"system:node:{node.name}", groups=["system:nodes"]
         )
         shutil.copyfile(kubeconfig, paths.kubeconfig)
-        config = kubelet_configuration(node, paths, client_ca=cp.certificates.ca.cert)
+        config = kubelet_configuration(
+            node, paths, client_ca=cp.certificates.ca.cert, cluster_dns=[CLUSTER_DNS_IP]
+        )
         paths.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
         env = noderuntime.runtime_env(binaries.binary("containerd-shim-runc-v2").parent)
         rt.kubelet = noderuntime.spawn_in_node(
@@ -527,6 +562,24 @@ class RealNodeCluster(ControlPlaneAccess, UpDown):
             self.kubectl("apply", "--server-side", "--field-manager=nodelb-lab", "-f", str(path))
         self.wait_agents_ready()
         self.wait_controller_leader()
+
+    def install_dns(self) -> None:
+        """Install CoreDNS (lab/manifests/coredns.yaml) and wait until it answers for the
+        cluster: its Deployment available, so kube-dns has a ready endpoint."""
+        docs = dns_documents(
+            COREDNS_MANIFEST.read_text(),
+            image=binaries.read_versions()["COREDNS_IMAGE"],
+            cluster_ip=CLUSTER_DNS_IP,
+        )
+        path = self.workdir / "install-coredns.yaml"
+        path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        self.kubectl("apply", "--server-side", "--field-manager=nodelb-lab", "-f", str(path))
+
+        def available() -> bool:
+            dep = self.get_json("/apis/apps/v1/namespaces/kube-system/deployments/coredns")
+            return bool(dep.get("status", {}).get("availableReplicas"))
+
+        self._wait(available, INSTALL_TIMEOUT, "CoreDNS available (kube-dns has an endpoint)")
 
     def wait_agents_ready(self, timeout: float = INSTALL_TIMEOUT) -> None:
         """Wait until the agent DaemonSet is rolled out and Ready on every powered node."""

@@ -3,7 +3,7 @@
 # outside the work tree (no registry is reachable from the lab; `ctr -n k8s.io images import`
 # names each image after the archive's org.opencontainers.image.ref.name annotation).
 #
-#   scripts/build-images.sh [nodelb|pause|agnhost ...]   build what is missing (default: all)
+#   scripts/build-images.sh [nodelb|pause|agnhost|coredns ...]   build what is missing (default: all)
 #   scripts/build-images.sh --list                        only print them, build nothing
 #
 # Prints one line per image on stdout, "<reference><TAB><archive>"; logs to stderr only when it
@@ -20,6 +20,8 @@
 #   pause    PAUSE_IMAGE (versions.env): lab/images/pause/Containerfile over the static pause
 #            binary. agnhost: AGNHOST_IMAGE over the agnhost binary built at KUBE_VERSION.
 #            Rebuilt in place when the binary, the Containerfile or the base recipe changes.
+#   coredns  COREDNS_IMAGE: lab/images/coredns/Containerfile over the coredns binary
+#            scripts/build-runtime.sh builds at COREDNS_VERSION (the real-node lab's DNS).
 #
 # Needs root (mmdebstrap's root mode, buildah's storage in /var/lib/containers). Storage driver:
 # overlay (kernel overlayfs, root, no fuse-overlayfs); NODELB_STORAGE_DRIVER overrides it.
@@ -38,6 +40,7 @@ STORAGE_DRIVER="${NODELB_STORAGE_DRIVER:-overlay}"
 # The binaries scripts/build-kube.sh and scripts/build-runtime.sh build (pause keyed, as there,
 # by the first 16 hex digits of its source's SHA-256).
 AGNHOST_BIN="${NODELB_AGNHOST_BIN:-$CACHE/k8s/$KUBE_VERSION/agnhost}"
+COREDNS_BIN="${NODELB_COREDNS_BIN:-$CACHE/coredns/$COREDNS_VERSION/coredns}"
 PAUSE_SRC="$ROOT/lab/images/pause/pause.c"
 PAUSE_BIN="${NODELB_PAUSE_BIN:-}"
 if [[ -z "$PAUSE_BIN" && -f "$PAUSE_SRC" ]]; then
@@ -201,6 +204,7 @@ nodelb_key() {
 nodelb_archive() { printf '%s/nodelb/%s/nodelb.oci.tar' "$IMAGES" "$1"; }
 pause_archive() { printf '%s/pause/%s/pause.oci.tar' "$IMAGES" "${PAUSE_IMAGE##*:}"; }
 agnhost_archive() { printf '%s/agnhost/%s/agnhost.oci.tar' "$IMAGES" "${AGNHOST_IMAGE##*:}"; }
+coredns_archive() { printf '%s/coredns/%s/coredns.oci.tar' "$IMAGES" "${COREDNS_IMAGE##*:}"; }
 
 # write_stamp ARCHIVE REF KEY: record the key and the sizes next to a finished archive. The
 # unpacked size is that of the layers' uncompressed tar streams (what a snapshotter unpacks).
@@ -316,7 +320,8 @@ build_binary_image() {
 list() {
   printf '%s\t%s\n' "$NODELB_REF" "$(nodelb_archive "$(nodelb_key)")" \
     "$PAUSE_IMAGE" "$(pause_archive)" \
-    "$AGNHOST_IMAGE" "$(agnhost_archive)"
+    "$AGNHOST_IMAGE" "$(agnhost_archive)" \
+    "$COREDNS_IMAGE" "$(coredns_archive)"
 }
 
 main() {
@@ -325,7 +330,7 @@ main() {
     return
   fi
   local wanted=("$@") failed=0 name
-  [[ ${#wanted[@]} -gt 0 ]] || wanted=(nodelb pause agnhost)
+  [[ ${#wanted[@]} -gt 0 ]] || wanted=(nodelb pause agnhost coredns)
   [[ $EUID -eq 0 ]] || die "needs root (mmdebstrap's root mode and buildah's system storage)"
   mkdir -p "$IMAGES" "$LOGS"
   # One build at a time per cache (work trees share it).
@@ -348,7 +353,14 @@ main() {
           failed=1
         fi
         ;;
-      *) die "unknown image $name (nodelb, pause, agnhost)" ;;
+      coredns)
+        if have_binary coredns "$COREDNS_BIN"; then
+          build_binary_image coredns "$COREDNS_IMAGE" "$COREDNS_BIN"
+        else
+          failed=1
+        fi
+        ;;
+      *) die "unknown image $name (nodelb, pause, agnhost, coredns)" ;;
     esac
   done
   list

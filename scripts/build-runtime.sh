@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the container runtime a lab node's kubelet drives, pinned in versions.env, and cache it
 # outside the work tree ($CACHE = ${NODELB_CACHE:-$HOME/.cache/nodelb}). Rebuilds only what is
-# missing; prints the directories as CONTAINERD_BIN=, RUNC_BIN=, PAUSE_BIN= lines on stdout.
+# missing; prints the directories as CONTAINERD_BIN=, RUNC_BIN=, PAUSE_BIN=, COREDNS_BIN= lines
+# on stdout.
 #
 #   containerd, containerd-shim-runc-v2, ctr   $CACHE/containerd/<CONTAINERD_VERSION>/
 #       pure Go (CGO_ENABLED=0) from github.com/containerd/containerd/v2
@@ -10,6 +11,9 @@
 #       libseccomp-dev (make deps)
 #   pause                                       $CACHE/pause/<hash of pause.c>/pause
 #       nodelb's own sandbox process, lab/images/pause/pause.c, gcc -static -Os
+#   coredns                                     $CACHE/coredns/<COREDNS_VERSION>/coredns
+#       the lab's cluster DNS, pure Go from github.com/coredns/coredns with its default
+#       plugins (the upstream image's binary)
 #
 # Debian's packages are too old for kubelet 1.37 (containerd 1.6; runc 1.1.5 fails under
 # containerd 2.4) and crun 1.8.1 refuses OCI spec 1.3: docs/decisions.md. The Go modules come
@@ -26,6 +30,7 @@ CACHE="${NODELB_CACHE:-$HOME/.cache/nodelb}"
 source "$ROOT/scripts/build-lib.sh"
 CONTAINERD_OUT="$CACHE/containerd/$CONTAINERD_VERSION"
 RUNC_OUT="$CACHE/runc/$RUNC_VERSION"
+COREDNS_OUT="$CACHE/coredns/$COREDNS_VERSION"
 PAUSE_SRC="$ROOT/lab/images/pause/pause.c"
 # Keyed by the source alone (lab/binaries.py computes the same key); the flags are fixed here.
 PAUSE_OUT="$CACHE/pause/$(sha256sum "$PAUSE_SRC" | cut -c1-16)"
@@ -111,6 +116,24 @@ build_pause() {
   expect_output "nodelb-pause" "$PAUSE_OUT/pause" -v
 }
 
+build_coredns() {
+  local module=github.com/coredns/coredns start
+  if [[ -x "$COREDNS_OUT/coredns" ]]; then
+    log "coredns $COREDNS_VERSION cached in $COREDNS_OUT"
+    return
+  fi
+  log "building coredns $COREDNS_VERSION (cold: a few minutes)"
+  start=$SECONDS
+  mkdir -p "$COREDNS_OUT"
+  wrapper_module "$CACHE/build/coredns-$COREDNS_VERSION" corednsbuild "$module" \
+    "$COREDNS_VERSION" "$module"
+  CGO_ENABLED=0 quiet build-coredns.log go build -trimpath -ldflags "-s -w" \
+    -o "$COREDNS_OUT/coredns.tmp" "$module"
+  mv "$COREDNS_OUT/coredns.tmp" "$COREDNS_OUT/coredns"
+  log "built coredns in $((SECONDS - start)) s"
+  expect_output "CoreDNS-${COREDNS_VERSION#v}" "$COREDNS_OUT/coredns" -version
+}
+
 # expect_output TEXT CMD...: fail unless CMD's output contains TEXT.
 expect_output() {
   local want=$1 out
@@ -127,4 +150,6 @@ lock_build runtime
 build_pause
 build_runc
 build_containerd
-printf 'CONTAINERD_BIN=%s\nRUNC_BIN=%s\nPAUSE_BIN=%s\n' "$CONTAINERD_OUT" "$RUNC_OUT" "$PAUSE_OUT"
+build_coredns
+printf 'CONTAINERD_BIN=%s\nRUNC_BIN=%s\nPAUSE_BIN=%s\nCOREDNS_BIN=%s\n' \
+  "$CONTAINERD_OUT" "$RUNC_OUT" "$PAUSE_OUT" "$COREDNS_OUT"

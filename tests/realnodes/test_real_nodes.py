@@ -254,6 +254,20 @@ def test_the_agents_token_cannot_write_what_deploy_does_not_grant(
 # -- real traffic ----------------------------------------------------------------------------
 
 
+def test_pods_resolve_a_service_name_through_the_clusters_dns(
+    real_cluster: RealNodeCluster, web: Web
+) -> None:
+    # The e2e specs reach Services by name from pods: the lab runs CoreDNS as kube-dns.
+    cluster_ip = real_cluster.get_json(f"/api/v1/namespaces/{NAMESPACE}/services/web")["spec"][
+        "clusterIP"
+    ]
+    pod = sorted(web.pods)[0]
+    out = real_cluster.kubectl(
+        "exec", "-n", NAMESPACE, pod, "--", "dig", "+short", "+search", "+time=2", "+tries=3", "web"
+    ).stdout
+    assert out.split() == [cluster_ip], f"{pod} resolved 'web' to {out!r}, not {cluster_ip}"
+
+
 def test_the_outside_client_reaches_pods_on_several_nodes_through_the_router(
     real_cluster: RealNodeCluster, web: Web
 ) -> None:

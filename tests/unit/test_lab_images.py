@@ -170,16 +170,22 @@ def daemonset_image() -> str:
     return reference
 
 
-def test_the_script_lists_nodelb_and_the_e2e_images_under_the_cache(
+def test_the_script_lists_nodelb_the_e2e_images_and_coredns_under_the_cache(
     repo: Path, tmp_path: Path
 ) -> None:
     versions = read_versions()
     by_ref = listing_of(repo)
-    assert set(by_ref) == {daemonset_image(), versions["PAUSE_IMAGE"], versions["AGNHOST_IMAGE"]}
+    assert set(by_ref) == {
+        daemonset_image(),
+        versions["PAUSE_IMAGE"],
+        versions["AGNHOST_IMAGE"],
+        versions["COREDNS_IMAGE"],
+    }
     assert all(path.is_relative_to(tmp_path / "cache" / "images") for path in by_ref.values())
     assert re.fullmatch(r"[0-9a-f]{16}", by_ref[daemonset_image()].parent.name)
-    pause = versions["PAUSE_IMAGE"]
-    assert by_ref[pause].parent.name == pause.rsplit(":", 1)[-1]
+    for key in ("PAUSE_IMAGE", "COREDNS_IMAGE"):
+        reference = versions[key]
+        assert by_ref[reference].parent.name == reference.rsplit(":", 1)[-1]
 
 
 def test_the_e2e_references_are_those_of_the_pinned_kubernetes() -> None:

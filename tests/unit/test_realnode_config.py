@@ -11,9 +11,19 @@ from typing import Any
 import pytest
 import yaml
 
+from lab.controlplane import DEFAULT_SERVICE_CIDR
 from lab.kubelet import NODES_ROOT, NodePaths, kubelet_argv, kubelet_configuration
 from lab.noderuntime import cni_cache_files, cni_conflist, containerd_config
-from lab.realnodes import DEPLOY, LAB_EXTERNAL_CIDRS, LAB_POOL, RealNodeError, lab_install_documents
+from lab.realnodes import (
+    CLUSTER_DNS_IP,
+    COREDNS_MANIFEST,
+    DEPLOY,
+    LAB_EXTERNAL_CIDRS,
+    LAB_POOL,
+    RealNodeError,
+    dns_documents,
+    lab_install_documents,
+)
 from lab.topology import LAB_SPACE4, LAB_SPACE6, Lab, LabSpec
 
 SPEC = LabSpec(nodes=2, pods_per_node=0, with_client=False, with_router=True, prefix="nlbtest")
@@ -143,3 +153,28 @@ def test_a_policy_without_the_address_variables_is_refused() -> None:
     ds_text = (DEPLOY / "daemonset.yaml").read_text()
     with pytest.raises(RealNodeError, match="allowedCIDRs and poolCIDRs"):
         lab_install_documents(ds_text, "kind: ValidatingAdmissionPolicy\nspec: {variables: []}\n")
+
+
+def test_coredns_gets_the_pinned_image_and_the_address_the_kubelets_name() -> None:
+    docs = dns_documents(COREDNS_MANIFEST.read_text(), image="example/coredns:v9", cluster_ip="x")
+    by_kind = {d["kind"]: d for d in docs}
+    pod = by_kind["Deployment"]["spec"]["template"]["spec"]
+    assert [c["image"] for c in pod["containers"]] == ["example/coredns:v9"]
+    assert by_kind["Service"]["spec"]["clusterIP"] == "x"
+    assert by_kind["Service"]["metadata"] == {
+        "name": "kube-dns",
+        "namespace": "kube-system",
+        "labels": {"k8s-app": "kube-dns"},
+    }
+    # The kubelets' clusterDNS is in the Service range, and the lab passes the same address.
+    assert ip_address(CLUSTER_DNS_IP) in ip_network(DEFAULT_SERVICE_CIDR)
+    config = kubelet_configuration(
+        NODE, PATHS, client_ca=Path("/ca.crt"), cluster_dns=[CLUSTER_DNS_IP]
+    )
+    assert config["clusterDNS"] == [CLUSTER_DNS_IP]
+
+
+def test_a_coredns_manifest_without_its_placeholders_is_refused() -> None:
+    text = COREDNS_MANIFEST.read_text().replace("CLUSTER_DNS_IP", "198.18.128.10")
+    with pytest.raises(RealNodeError, match="replaced 1 and 0"):
+        dns_documents(text, image="example/coredns:v9", cluster_ip="x")
