@@ -223,7 +223,8 @@ def dry_run(e2e_test: Path, *, focus: str, skips: Sequence[str]) -> tuple[SpecEn
     return specs_that_would_run(parsed)
 
 
-def _check(e2e_test: Path) -> int:
+def check(e2e_test: Path) -> int:
+    """Check both lists against two dry runs of `e2e_test`; print what differs; 0 if nothing."""
     specs = read_specs(SPECS_FILE.read_text(), source=str(SPECS_FILE))
     skips = read_skips(SKIP_FILE.read_text(), source=str(SKIP_FILE))
     focused = [e.text for e in dry_run(e2e_test, focus=FOCUS, skips=())]
@@ -252,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             entries = dry_run(e2e_test, focus=FOCUS, skips=())
             print(format_specs(entries, kube_version=binaries.kube_version()), end="")
             return 0
-        return _check(e2e_test)
+        return check(e2e_test)
     except (binaries.BinaryMissing, ListError, DryRunError) as exc:
         print(f"conformance: {exc}", file=sys.stderr)
         return 1
