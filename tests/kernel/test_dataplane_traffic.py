@@ -359,15 +359,18 @@ def test_local_without_local_endpoints_drops_external_but_serves_internal(
         dropped += probe(client, Protocol.UDP, lb, 53, count=2, timeout=DROP_TIMEOUT)
     assert outcomes(dropped) == [Outcome.TIMEOUT] * 4, dropped
 
-    # Traffic from a pod on this node and from the node itself gets Cluster semantics.
+    # Traffic from a pod on this node and from the node itself is served by the cluster
+    # endpoints, here all on the other node.
     pod = tlab.pods_on(node.name)[0]
     from_pod = answered(probe(pod.ns, Protocol.TCP, lb, 80, count=8))
     from_pod += answered(probe(pod.ns, Protocol.UDP, lb, 53, count=8))
     from_node = answered(probe(node.ns, Protocol.TCP, lb, 80, count=8))
     from_node += answered(probe(node.ns, Protocol.UDP, lb, 53, count=8))
     assert pods_of(from_pod) <= names(remote) and pods_of(from_node) <= names(remote)
-    # Masqueraded to the node (the pod's own address never reaches the remote pod).
-    assert {r.client_ip for r in from_pod + from_node} == {node.ip4}
+    # The pod's connection keeps its address, as kube-proxy keeps it for eTP=Local (upstream
+    # e2e "ExternalTrafficPolicy: Local ... should work from pods"); the node's is masqueraded.
+    assert {r.client_ip for r in from_pod} == {pod.ip4}
+    assert {r.client_ip for r in from_node} == {node.ip4}
 
 
 def test_no_endpoints_rejects_tcp_with_reset_and_udp_with_port_unreachable(
