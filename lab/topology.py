@@ -598,6 +598,10 @@ class Lab(UpDown):
                 node.ns, f"link add name {port} type veth peer name {pod.ifname} netns {pod.ns}"
             )
             self._ip(node.ns, f"link set {port} master {NODE_POD_BRIDGE}")
+            # Hairpin mode, as the real nodes' CNI bridge sets it (lab/noderuntime.py): with
+            # br_netfilter, a pod's packet DNATed to its own address is bridged back out of the
+            # port it came in by, which a bridge port refuses without it.
+            self._ip(node.ns, f"link set {port} type bridge_slave hairpin on")
             self._ip(node.ns, f"link set {port} up")
             self._address(
                 pod.ns,

@@ -15,7 +15,7 @@ TABLE_FAMILY: Final = "inet"
 TABLE_NAME: Final = "nodelb"
 TABLE: Final = f"{TABLE_FAMILY} {TABLE_NAME}"
 
-LAYOUT: Final = 2
+LAYOUT: Final = 3
 """The layout version of the table's declarations and fixed rules; bump it on any change."""
 
 
@@ -78,12 +78,17 @@ SRFE: Final = "srfe"  # set of frontends restricted by loadBalancerSourceRanges
 SROK: Final = "srok"  # interval set daddr . l4proto . dport . saddr: allowed sources
 HELD: Final = "held"  # set of IPs this node holds
 LOCAL: Final = "local"  # interval set of this node's pod CIDRs
+HAIRPIN: Final = "hpi"  # set daddr . l4proto . dport . saddr: Local frontends' own local pods
 
 # Dispatch chain variants, per family and endpoint count n.
-DispatchKind = Literal["ep", "epl", "epc"]
-DISPATCH_KINDS: Final[tuple[DispatchKind, ...]] = ("ep", "epl", "epc")
+DispatchKind = Literal["ep", "epl", "epc", "epi"]
+DISPATCH_KINDS: Final[tuple[DispatchKind, ...]] = ("ep", "epl", "epc", "epi")
 """ep{f}_{n}: mark + DNAT by @be{f}_{n}; epl{f}_{n}: DNAT by @bl{f}_{n} without mark (Local,
-external); epc{f}_{n}: mark + DNAT by @bc{f}_{n} (internal traffic with its own endpoints).
+external); epc{f}_{n}: mark + DNAT by @bc{f}_{n} (internal traffic with its own endpoints, of
+a Cluster frontend); epi{f}_{n}: DNAT by @bi{f}_{n}, marked only when the source is one of the
+frontend's own local endpoints (@hpi{f}: hairpin) or not a pod of this node (the node itself),
+so a pod's address reaches the endpoint as kube-proxy keeps it (internal traffic of a Local
+frontend).
 
 Every dispatch chain reads a backend map of its own, and the two are created and deleted
 together: nft 1.0.6 cannot add a rule that reads a backend map it loads from the kernel (the
@@ -93,7 +98,8 @@ specified: ip vs. th"), so a rule is only ever added in the batch that creates i
 BACKENDS: Final = "be"  # be{f}_{n}: daddr . l4proto . dport . index -> endpoint addr . port
 LOCAL_BACKENDS: Final = "bl"  # bl{f}_{n}: the same for Local external paths (epl)
 CLUSTER_BACKENDS: Final = "bc"  # bc{f}_{n}: the same for internal-traffic endpoint lists
-BACKEND_MAPS: Final = (BACKENDS, LOCAL_BACKENDS, CLUSTER_BACKENDS)
+INTERNAL_BACKENDS: Final = "bi"  # bi{f}_{n}: the same for Local frontends' internal paths (epi)
+BACKEND_MAPS: Final = (BACKENDS, LOCAL_BACKENDS, CLUSTER_BACKENDS, INTERNAL_BACKENDS)
 
 # Session-affinity units (one per frontend path that uses affinity).
 AFF_SERVICE: Final = "afs"  # per-frontend chain: sticky lookups, then random choice
@@ -121,8 +127,13 @@ def dispatch_chain(kind: DispatchKind, family: int, n: int) -> str:
 
 def backend_map(kind: DispatchKind, family: int, n: int) -> str:
     """Return the backend map read by the dispatch chain (`be4_3`, `bl4_3` for epl, `bc4_3`
-    for epc)."""
-    base = {"ep": BACKENDS, "epl": LOCAL_BACKENDS, "epc": CLUSTER_BACKENDS}[kind]
+    for epc, `bi4_3` for epi)."""
+    base = {
+        "ep": BACKENDS,
+        "epl": LOCAL_BACKENDS,
+        "epc": CLUSTER_BACKENDS,
+        "epi": INTERNAL_BACKENDS,
+    }[kind]
     return f"{base}{family}_{n}"
 
 

@@ -211,6 +211,8 @@ def set_shape(name: str) -> SetShape | None:
             return SetShape(fam, ("addr",))
         if name == L.named(L.SROK, fam):
             return SetShape(fam, (*_K, "net"), ranges=True)
+        if name == L.named(L.HAIRPIN, fam):
+            return SetShape(fam, (*_K, "addr"))
     head, sep, n = name.partition("_")
     if sep and n.isdigit() and head[:-1] in L.BACKEND_MAPS and head[-1:] in ("4", "6"):
         return SetShape(int(head[-1]), (*_K, "index"), ("addr", "port"))

@@ -149,14 +149,57 @@ def _h(*parts: object) -> str:
     return hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).hexdigest()
 
 
+def mark_rules(kind: L.DispatchKind, family: int, mark: int) -> tuple[str, ...]:
+    """Return the rules a path of `kind` runs before its DNAT to ask for masquerading.
+
+    No rule for `epl` (Local, external: the client's address must reach the pod); one
+    unconditional rule for `ep` and `epc`; for `epi` (a Local frontend's internal path) the
+    two cases kube-proxy masquerades there, so that any other pod keeps its own address:
+    - the source is one of the frontend's local endpoints (@hpi: daddr . l4proto . dport .
+      saddr). The DNAT may pick that very pod, which would drop a packet from its own address
+      (hairpin); which endpoint numgen picks is unknown here, so such a pod is masqueraded
+      whichever endpoint serves it (an over-approximation, docs/dataplane.md);
+    - the source is not a pod of this node: nat_internal is entered from prerouting only by
+      @local sources, so the packet comes from the node itself, whose source address may be
+      one replies would not bring back here (the LB IP itself, when this node holds it).
+    """
+    if kind == "epl":
+        return ()
+    set_mark = f"meta mark set meta mark | {mark:#x}"
+    if kind != "epi":
+        return (set_mark,)
+    ip = L.IP[family]
+    return (
+        f"{ip} daddr . meta l4proto . th dport . {ip} saddr @{L.named(L.HAIRPIN, family)} "
+        f"{set_mark}",
+        f"{ip} saddr != @{L.named(L.LOCAL, family)} {set_mark}",
+    )
+
+
+_MASQ_TOKEN: dict[L.DispatchKind, object] = {
+    "ep": True,
+    "epc": True,
+    "epl": False,
+    "epi": "hairpin-or-node",
+}
+"""What an affinity service chain's name hashes for its masquerade rules: the booleans these
+names always hashed for the unconditional mark and for none, a token of its own for epi's."""
+
+
 def _affinity_units(
-    fe: Frontend, key: Atoms, *, variant: str, eps: tuple[Backend, ...], masq: bool, mark: int
+    fe: Frontend, key: Atoms, *, kind: L.DispatchKind, eps: tuple[Backend, ...], mark: int
 ) -> tuple[str, list[Unit]]:
     """Return the service-chain name and every object of one affinity path (kube-proxy shape).
 
-    Names are content hashes of the frontend key's text, the variant, the timeout and the
-    endpoints, so an object that exists is never changed (a change is a new name).
+    `kind` is the dispatch kind the path would use without affinity: it decides the mark rules
+    (`mark_rules`) and the variant. Names are content hashes of the frontend key's text, the
+    variant, the timeout and the endpoints (and, for the service chain, its mark rules), so an
+    object that exists is never changed (a change is a new name).
     """
+    # Both internal kinds share variant "c": the endpoint chains and client sets of an
+    # internal path do not depend on its mark rules, so a frontend whose policy changes
+    # between Cluster (with its own internal endpoints) and Local keeps its clients there.
+    variant = "c" if kind in ("epc", "epi") else "x"
     fam = fe.key.ip.version
     ip = L.IP[fam]
     timeout = fe.affinity_timeout
@@ -185,11 +228,10 @@ def _affinity_units(
         )
         ep_chains.append((set_name, chain))
     # Hashed with integer ports, as these names always were: an upgraded agent keeps them.
-    svc_id = _h(key_text, variant, timeout, masq, *((a, int(p)) for a, p in eps))
+    svc_id = _h(key_text, variant, timeout, _MASQ_TOKEN[kind], *((a, int(p)) for a, p in eps))
     svc = f"{L.AFF_SERVICE}{fam}_{svc_id}"
     ops = [Op("add", Chain(svc))]
-    if masq:
-        ops.append(Op("add", Rule(svc, f"meta mark set meta mark | {mark:#x}")))
+    ops.extend(Op("add", Rule(svc, text)) for text in mark_rules(kind, fam, mark))
     ops.extend(Op("add", Rule(svc, f"{ip} saddr @{s} goto {c}")) for s, c in ep_chains)
     vmap = ", ".join(f"{i} : goto {c}" for i, (_, c) in enumerate(ep_chains))
     ops.append(Op("add", Rule(svc, f"numgen random mod {len(eps)} vmap {{ {vmap} }}")))
@@ -218,12 +260,8 @@ class Emitter:
     ) -> Verdict:
         """Add the backends of one traffic path; return the verdict that dispatches to them."""
         fam = fe.key.ip.version
-        masq = kind != "epl"
         if fe.affinity_timeout is not None:
-            variant = "c" if kind == "epc" else "x"
-            svc, units = _affinity_units(
-                fe, key, variant=variant, eps=eps, masq=masq, mark=self.mark
-            )
+            svc, units = _affinity_units(fe, key, kind=kind, eps=eps, mark=self.mark)
             for u in units:
                 acc.units[u.name] = u
             return Verdict("goto", svc)
@@ -254,14 +292,17 @@ class Emitter:
             el[L.named(L.EXT, fam)].append((key, verdict))
         elif fe.local_only:
             el[L.named(L.DROP, fam)].append((key, None))
-        # Internal traffic (this node, its pods): Cluster semantics, always masqueraded.
+        # Internal traffic (this node, its pods): the cluster endpoints. Masqueraded, except
+        # a pod's traffic to a Local frontend (kube-proxy keeps the pod's address there).
         # Falls through to the external map unless its endpoints or masquerading differ.
         override = fe.local_only or cl != ext
         int_eps = cl if override else ext
         if override:
             if cl:
-                verdict = self._path(acc, fe, key, cl, "epc")
+                verdict = self._path(acc, fe, key, cl, "epi" if fe.local_only else "epc")
                 el[L.named(L.INT, fam)].append((key, verdict))
+                if fe.local_only:
+                    el[L.named(L.HAIRPIN, fam)].extend(hairpin_elements(key, ext, cl))
             elif ext:
                 el[L.named(L.INT, fam)].append((key, _ACCEPT))  # no DNAT: rejected in filter
         if not int_eps or (not ext and not fe.local_only):
@@ -277,6 +318,24 @@ class Emitter:
         acc = Contributions()
         self.emit(acc, fe)
         return acc.dispatch
+
+
+def hairpin_elements(
+    key: Atoms, local: tuple[Backend, ...], cluster: tuple[Backend, ...]
+) -> list[Item]:
+    """Return the @hpi elements of a Local frontend: its key and each address that is both a
+    local endpoint and one of the cluster endpoints its internal path may pick.
+
+    `local` and `cluster` are normalized endpoint lists (`normalize_endpoints`); the result is
+    in the order of `cluster` (sorted), one element per address (a pod listed with two ports
+    is one source). A local endpoint that is not in the cluster list (a terminating pod while
+    ready ones exist elsewhere, or one topology left out) is never picked, so it needs no
+    masquerade and keeps its address. Every element starts with the frontend's key, so no two
+    frontends share one and a delta deletes them from the old state alone.
+    """
+    own = {addr for addr, _ in local}
+    hits = dict.fromkeys(addr for addr, _ in cluster if addr in own)
+    return [((*key, addr), None) for addr in hits]
 
 
 def dispatch_ops(key: DispatchKey, mark: int) -> list[Op]:
@@ -303,8 +362,7 @@ def dispatch_ops(key: DispatchKey, mark: int) -> list[Op]:
         ),
         Op("add", Chain(chain)),
     ]
-    if kind != "epl":
-        ops.append(Op("add", Rule(chain, f"meta mark set meta mark | {mark:#x}")))
+    ops.extend(Op("add", Rule(chain, text)) for text in mark_rules(kind, fam, mark))
     ops.append(
         Op(
             "add",

@@ -164,6 +164,7 @@ def skeleton_ops(mark: int) -> list[Op]:
             Op("add", Set(L.named(L.SROK, fam), f"{kt} . {at}", flags=("interval",))),
             Op("add", Set(L.named(L.HELD, fam), at)),
             Op("add", Set(L.named(L.LOCAL, fam), at, flags=("interval",))),
+            Op("add", Set(L.named(L.HAIRPIN, fam), f"{kt} . {at}")),
         ]
     ops += [
         Op("add", Chain(L.REJECT)),

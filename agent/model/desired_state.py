@@ -47,8 +47,10 @@ class Frontend:
     """One (IP, protocol, port) this node answers for, with the endpoints chosen for it.
 
     `endpoints` serve traffic arriving from outside the cluster. `cluster_endpoints` serve
-    traffic that originates on this node or in its pods, which always gets Cluster semantics;
-    for externalTrafficPolicy=Cluster both are the same list.
+    traffic that originates on this node or in its pods, which always gets Cluster semantics
+    (these endpoints; masqueraded, except a pod's connection to a Local frontend, which keeps
+    the pod's address as kube-proxy does); for externalTrafficPolicy=Cluster both are the same
+    list.
 
     `local_only` is externalTrafficPolicy=Local: no SNAT for external traffic (the pod sees the
     client's address), and an empty `endpoints` means *drop* (this node has no local endpoint).

@@ -359,15 +359,119 @@ def test_local_without_local_endpoints_drops_external_but_serves_internal(
         dropped += probe(client, Protocol.UDP, lb, 53, count=2, timeout=DROP_TIMEOUT)
     assert outcomes(dropped) == [Outcome.TIMEOUT] * 4, dropped
 
-    # Traffic from a pod on this node and from the node itself gets Cluster semantics.
+    # Traffic from a pod on this node and from the node itself is served by the cluster
+    # endpoints, here all on the other node.
     pod = tlab.pods_on(node.name)[0]
     from_pod = answered(probe(pod.ns, Protocol.TCP, lb, 80, count=8))
     from_pod += answered(probe(pod.ns, Protocol.UDP, lb, 53, count=8))
     from_node = answered(probe(node.ns, Protocol.TCP, lb, 80, count=8))
     from_node += answered(probe(node.ns, Protocol.UDP, lb, 53, count=8))
     assert pods_of(from_pod) <= names(remote) and pods_of(from_node) <= names(remote)
-    # Masqueraded to the node (the pod's own address never reaches the remote pod).
-    assert {r.client_ip for r in from_pod + from_node} == {node.ip4}
+    # The pod's connection keeps its address, as kube-proxy keeps it for eTP=Local (upstream
+    # e2e "ExternalTrafficPolicy: Local ... should work from pods"); the node's is masqueraded.
+    assert {r.client_ip for r in from_pod} == {pod.ip4}
+    assert {r.client_ip for r in from_node} == {node.ip4}
+
+
+def test_pods_keep_their_address_to_a_local_frontend_and_are_masqueraded_to_a_cluster_one(
+    tlab: Lab, planes: Planes
+) -> None:
+    """A pod that is no endpoint reaches a Local frontend's cluster endpoints (on its own node
+    and the other) with its own address, IPv4 and IPv6, TCP and UDP; to a Cluster frontend
+    with the same endpoints it is masqueraded, as kube-proxy does for eTP=Cluster."""
+    node, other = tlab.nodes[0], tlab.nodes[1]
+    client, endpoint = tlab.pods_on(node.name)
+    serving = [endpoint, *tlab.pods_on(other.name)]
+    lb4, lb6 = v4("198.18.0.215"), v6("2001:db8::215")
+    fes = [
+        frontend(
+            lb,
+            proto,
+            port,
+            eps([endpoint], target, fam),
+            cluster=eps(serving, target, fam),
+            local_only=True,
+        )
+        for lb, fam in ((lb4, 4), (lb6, 6))
+        for proto, port, target in ((Protocol.TCP, 80, TCP_PORT), (Protocol.UDP, 53, UDP_PORT))
+    ]
+    fes += [
+        frontend(lb4, Protocol.TCP, 81, eps(serving, TCP_PORT)),
+        frontend(lb6, Protocol.TCP, 81, eps(serving, TCP_PORT, 6)),
+    ]
+    dp = planes.make(node)
+    applied(dp.sync(desired(node, *fes), full=True), SyncMode.FULL)
+
+    local4 = answered(probe(client.ns, Protocol.TCP, lb4, 80, count=30))
+    local4 += answered(probe(client.ns, Protocol.UDP, lb4, 53, count=12))
+    local6 = answered(probe(client.ns, Protocol.TCP, lb6, 80, count=12))
+    local6 += answered(probe(client.ns, Protocol.UDP, lb6, 53, count=12))
+    # Every cluster endpoint served (30 TCP tries miss one of three with p < 1e-4), the one
+    # beside the client included: its reply is bridged, and br_netfilter (on by default in
+    # a namespace) lets conntrack undo the DNAT, as on a kube-proxy node.
+    assert pods_of(local4) == names(serving)
+    assert pods_of(local6) <= names(serving)
+    assert {r.client_ip for r in local4} == {client.ip4}
+    assert {r.client_ip for r in local6} == {client.ip6}
+
+    cluster4 = answered(probe(client.ns, Protocol.TCP, lb4, 81, count=24))
+    cluster6 = answered(probe(client.ns, Protocol.TCP, lb6, 81, count=12))
+    assert pods_of(cluster4) == names(serving)
+    assert_masqueraded(tlab, node, cluster4)
+    assert_masqueraded(tlab, node, cluster6, family=6)
+
+
+def test_a_local_endpoint_reaching_itself_and_the_node_are_masqueraded(
+    tlab: Lab, planes: Planes
+) -> None:
+    """Hairpin: a Local frontend's own endpoint connecting to it is masqueraded (a pod drops a
+    packet from its own address), also on the affinity path and also when another endpoint
+    serves it (the over-approximation of docs/dataplane.md); so is the node, which holds the
+    LB IP and sends from it. A pod that is no endpoint keeps its address on the affinity path."""
+    node, other = tlab.nodes[0], tlab.nodes[1]
+    bystander, endpoint = tlab.pods_on(node.name)
+    remote = tlab.pods_on(other.name)
+    lb4, lb6 = v4("198.18.0.216"), v6("2001:db8::216")
+
+    def local(lb: IPAddress, port: int, cluster: list[Pod], **kw: Any) -> Frontend:
+        fam = lb.version
+        return frontend(
+            lb,
+            Protocol.TCP,
+            port,
+            eps([endpoint], TCP_PORT, fam),
+            cluster=eps(cluster, TCP_PORT, fam),
+            local_only=True,
+            **kw,
+        )
+
+    fes = [
+        local(lb4, 80, [endpoint]),  # the only endpoint: every connection is a hairpin
+        local(lb4, 81, [endpoint, *remote]),
+        local(lb4, 82, [endpoint], affinity=60),
+        local(lb6, 80, [endpoint]),
+    ]
+    dp = planes.make(node)
+    applied(dp.sync(desired(node, *fes, held=[lb4]), full=True), SyncMode.FULL)
+    with address(node.ns, node.ifname, lb4):
+        hairpin = answered(probe(endpoint.ns, Protocol.TCP, lb4, 80, count=8))
+        hairpin += answered(probe(endpoint.ns, Protocol.TCP, lb4, 82, count=8))
+        hairpin6 = answered(probe(endpoint.ns, Protocol.TCP, lb6, 80, count=8))
+        assert pods_of(hairpin + hairpin6) == {endpoint.name}
+        assert_masqueraded(tlab, node, hairpin)
+        assert_masqueraded(tlab, node, hairpin6, family=6)
+
+        spread = answered(probe(endpoint.ns, Protocol.TCP, lb4, 81, count=24))
+        assert pods_of(spread) - {endpoint.name}, "no other endpoint served (p < 1e-11)"
+        assert_masqueraded(tlab, node, spread)
+
+        sticky = answered(probe(bystander.ns, Protocol.TCP, lb4, 82, count=4))
+        assert {r.client_ip for r in sticky} == {bystander.ip4}
+
+        # Sent from the held LB IP itself: unmasqueraded, the endpoints would see 198.18.0.216.
+        from_node = answered(probe(node.ns, Protocol.TCP, lb4, 81, count=24))
+        assert pods_of(from_node) - {endpoint.name}, "no remote endpoint served (p < 1e-11)"
+        assert_masqueraded(tlab, node, from_node)
 
 
 def test_no_endpoints_rejects_tcp_with_reset_and_udp_with_port_unreachable(

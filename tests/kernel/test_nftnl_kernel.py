@@ -137,7 +137,7 @@ BASE = state(
             endpoints=eps("[2001:db8:1::5]:53", "[2001:db8:1::6]:53"),
         ),
         fe("198.18.0.204", endpoints=()),
-        # keeps epl4_1 and epc4_2 in use when 198.18.0.203 changes (element-only deltas)
+        # keeps epl4_1 and epi4_2 in use when 198.18.0.203 changes (element-only deltas)
         fe(
             "198.18.0.206",
             local_only=True,
@@ -145,6 +145,14 @@ BASE = state(
             cluster=eps("198.19.1.7:80", "198.19.2.7:80"),
         ),
         fe("198.18.0.208", endpoints=eps("198.19.1.5:8080"), ranges=("203.0.113.0/25",)),
+        fe(
+            "2001:db8::203",
+            "udp",
+            53,
+            local_only=True,
+            endpoints=eps("[2001:db8:1::5]:53"),
+            cluster=eps("[2001:db8:1::5]:53", "[2001:db8:1::6]:53"),
+        ),
     ],
     held=["198.18.0.200", "2001:db8::200"],
     local=["198.19.0.0/16", "2001:db8:1::/64"],
@@ -216,7 +224,31 @@ CHANGES = [
                 ]
             )
         ),
-        id="a Local frontend loses its local endpoint: drop set element, int keeps goto",
+        id="a Local frontend loses its local endpoint: drop set element, int keeps goto, "
+        "its hairpin source goes",
+    ),
+    pytest.param(
+        Change(
+            _with(
+                [
+                    fe(
+                        "198.18.0.203",
+                        local_only=True,
+                        endpoints=eps("198.19.2.5:80"),
+                        cluster=eps("198.19.1.5:80", "198.19.2.5:80"),
+                    ),
+                    fe(
+                        "2001:db8::203",
+                        "udp",
+                        53,
+                        local_only=True,
+                        endpoints=eps("[2001:db8:1::6]:53"),
+                        cluster=eps("[2001:db8:1::5]:53", "[2001:db8:1::6]:53"),
+                    ),
+                ]
+            )
+        ),
+        id="Local frontends' local endpoints move: their hairpin sources move, IPv4 and IPv6",
     ),
     pytest.param(
         Change(

@@ -135,6 +135,9 @@ def test_render_output_is_accepted_by_nft_as_is(objects: Path, scratch_ns: str) 
     listed = netns.run(scratch_ns, ["nft", "list", "table", "inet", "nodelb"]).stdout
     assert "198.18.0.200 . tcp . 80" in listed
     assert "2001:db8::200 . udp . 53" in listed
+    # eTP=Local: node-1's endpoint is the hairpin source its pods' traffic is masqueraded for.
+    assert "198.18.0.200 . tcp . 80 . 198.19.1.11" in listed
+    assert "2001:db8::200 . udp . 53 . 2001:db8:1:1::11" in listed
     # Applying it again over the existing table is also accepted (it replaces it whole).
     netns.run(scratch_ns, ["nft", "-f", "-"], input=out)
 

@@ -94,9 +94,15 @@ def test_render_and_delta_load_into_nft(ns: str) -> None:
     _nft(ns, render(rich).text(), check_only=True)
     _nft(ns, render(rich).text())
     listed = _listing(ns)
-    assert {"nat_prerouting", "nat_output", "filter_prerouting", "ep4_3", "epl6_1"} <= set(
-        listed["chain"]
-    )
+    assert {
+        "nat_prerouting",
+        "nat_output",
+        "filter_prerouting",
+        "ep4_3",
+        "epl6_1",
+        "epi4_3",
+        "epi6_2",
+    } <= set(listed["chain"])
     elements = {
         name: len(obj.get("elem", ()))  # type: ignore[attr-defined]
         for kind in ("map", "set")
@@ -108,6 +114,7 @@ def test_render_and_delta_load_into_nft(ns: str) -> None:
     assert "th dport" in dispatch and "tcp" not in dispatch
     want = {"ext4": 4, "int4": 2, "ext6": 3, "int6": 1, "be4_3": 3, "srok4": 2, "srok6": 1}
     want |= {"noep4": 2, "drop4": 2, "held4": 1, "held6": 1, "local4": 1, "local6": 1}
+    want |= {"hpi4": 1, "hpi6": 1, "bi4_3": 3, "bi6_2": 2}
     assert {n: elements.get(n) for n in want} == want
 
     k = next(iter(rich.frontends))
@@ -289,13 +296,19 @@ def test_external_traffic_semantics(lab: tuple[str, str, str]) -> None:
         ports = ["80", "81", "82", "83", "84", "85", "86", "87"]
         out = netns.run(client, [sys.executable, "-c", _EXTERNAL_CLIENT, *ports], timeout=60)
         got = json.loads(out.stdout)
-        # From a pod on this node (internal traffic): Cluster semantics even for Local
-        # frontends, masqueraded, which also makes hairpin (pod -> itself) work.
-        out = netns.run(pod, [sys.executable, "-c", _EXTERNAL_CLIENT, "81", "82"], timeout=60)
+        # From the pod itself (internal traffic, hairpin: the DNAT picks the sender): masqueraded
+        # for Cluster and for Local (the pod is a local endpoint, @hpi4), or the pod would
+        # drop a packet from its own address.
+        out = netns.run(pod, [sys.executable, "-c", _EXTERNAL_CLIENT, "80", "81"], timeout=60)
         from_pod = json.loads(out.stdout)
+        # From the node, which holds the LB IP and so sends from it: masqueraded (not from
+        # @local4), else the pod would see 198.18.0.200.
+        out = netns.run(node, [sys.executable, "-c", _EXTERNAL_CLIENT, "81"], timeout=60)
+        from_node = json.loads(out.stdout)
     finally:
         netns.stop(server)
-    assert from_pod == {"81": "198.19.1.1", "82": "198.19.1.1"}
+    assert from_pod == {"80": "198.19.1.1", "81": "198.19.1.1"}
+    assert from_node == {"81": "198.19.1.1"}
     assert got == {
         "80": "198.19.1.1",  # Cluster: masqueraded to the node's address
         "81": "198.18.1.2",  # Local: the pod sees the client

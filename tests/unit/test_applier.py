@@ -511,6 +511,32 @@ def test_a_table_of_another_layout_is_replaced_as_a_whole() -> None:
     assert runner.table.normalized() == applied(render(B)).normalized()
 
 
+def test_a_layout_2_table_is_replaced_as_a_whole_by_the_layout_with_hairpin_sets() -> None:
+    """Layout 2 marked every internal connection of a Local frontend (epc); layout 3 adds the
+    hpi sets and epi chains. A table written by a layout-2 agent is replaced in one batch."""
+    local = state(
+        [
+            fe(
+                "198.18.0.200",
+                endpoints=eps("198.19.1.5:8080"),
+                cluster=eps("198.19.1.5:8080", "198.19.2.6:8080"),
+                local_only=True,
+            )
+        ],
+        local=["198.19.1.0/24"],
+    )
+    layout_2 = f"managed by nodelb; layout 2; mark {L.DEFAULT_MASQ_MARK:#x}; do not edit"
+    assert L.table_comment(L.DEFAULT_MASQ_MARK) != layout_2
+    dp, runner, _ = make()
+    runner.table.apply(render(local))
+    runner.table.comment = layout_2
+    res = dp.sync(local)
+    assert res.ok and res.mode is SyncMode.FULL
+    assert runner.texts[-1].startswith(f"add table {L.TABLE}\ndelete table {L.TABLE}\n")
+    assert runner.table.comment == L.table_comment(L.DEFAULT_MASQ_MARK)
+    assert runner.table.elements["hpi4"] == {"198.18.0.200 . tcp . 80 . 198.19.1.5": None}
+
+
 def test_a_base_chain_with_another_priority_makes_the_full_sync_replace_the_table() -> None:
     old = Transaction.of(
         Op(op.verb, replace(op.obj, hook=replace(op.obj.hook, priority="dstnat")))

@@ -24,6 +24,13 @@ V4 = "198.18.0.200 . tcp . 80"
 
 WEB = fe("198.18.0.200", endpoints=eps("198.19.1.5:8080", "198.19.2.6:8080"))
 DNS = fe("198.18.0.201", "udp", 53, endpoints=eps("198.19.1.5:53", "198.19.2.6:53"))
+LOCAL = fe(
+    "198.18.0.200",
+    endpoints=eps("198.19.1.5:8080"),
+    cluster=eps("198.19.1.5:8080", "198.19.2.6:8080"),
+    local_only=True,
+)
+LOCAL81 = dataclasses.replace(LOCAL, key=dataclasses.replace(LOCAL.key, port=81))
 STICKY = fe(
     "198.18.0.200",
     endpoints=eps("198.19.1.5:8080", "198.19.2.6:8080"),
@@ -178,12 +185,58 @@ DELTA_CASES = [
             state([WEB]),
             state([dataclasses.replace(WEB, local_only=True, endpoints=())]),
             deleted=frozenset({f"be4_2 {V4} . 0", f"be4_2 {V4} . 1", f"ext4 {V4}"}),
-            added=frozenset({f"drop4 {V4}", f"int4 {V4}", f"bc4_2 {V4} . 0", f"bc4_2 {V4} . 1"}),
-            objects_added=("bc4_2", "epc4_2"),
+            added=frozenset({f"drop4 {V4}", f"int4 {V4}", f"bi4_2 {V4} . 0", f"bi4_2 {V4} . 1"}),
+            objects_added=("bi4_2", "epi4_2"),
             objects_deleted=("be4_2", "ep4_2"),
         ),
         id="switching to Local with no local endpoint drops external traffic and keeps serving "
-        "internal traffic",
+        "internal traffic, with no hairpin source",
+    ),
+    pytest.param(
+        DeltaCase(
+            state([DNS]),
+            state([DNS, LOCAL]),
+            added=frozenset(
+                {
+                    f"ext4 {V4}",
+                    f"bl4_1 {V4} . 0",
+                    f"int4 {V4}",
+                    f"bi4_2 {V4} . 0",
+                    f"bi4_2 {V4} . 1",
+                    f"hpi4 {V4} . 198.19.1.5",
+                }
+            ),
+            objects_added=("bi4_2", "bl4_1", "epi4_2", "epl4_1"),
+        ),
+        id="a new Local frontend adds its local endpoint as a hairpin source",
+    ),
+    pytest.param(
+        DeltaCase(
+            state([DNS, LOCAL]),
+            state([DNS]),
+            deleted=frozenset(
+                {
+                    f"ext4 {V4}",
+                    f"bl4_1 {V4} . 0",
+                    f"int4 {V4}",
+                    f"bi4_2 {V4} . 0",
+                    f"bi4_2 {V4} . 1",
+                    f"hpi4 {V4} . 198.19.1.5",
+                }
+            ),
+            objects_deleted=("bi4_2", "bl4_1", "epi4_2", "epl4_1"),
+        ),
+        id="a removed Local frontend deletes its hairpin source with its other elements",
+    ),
+    pytest.param(
+        DeltaCase(
+            state([LOCAL, LOCAL81]),
+            state([dataclasses.replace(LOCAL, endpoints=eps("198.19.2.6:8080")), LOCAL81]),
+            deleted=frozenset({f"bl4_1 {V4} . 0", f"hpi4 {V4} . 198.19.1.5"}),
+            added=frozenset({f"bl4_1 {V4} . 0", f"hpi4 {V4} . 198.19.2.6"}),
+        ),
+        id="a Local frontend whose local endpoint moves swaps only its own hairpin element, "
+        "not the same pod's element of another frontend",
     ),
     pytest.param(
         DeltaCase(

@@ -78,6 +78,12 @@ SROK4_LIST_ELEM = bytes.fromhex(
     "1800 0180 1400 0100 c612c801 06000000 00500000 cb007100"  # KEY: first values
     "1800 0a80 1400 0100 c612c801 06000000 00500000 cb0071ff"  # KEY_END (10): last values
 )
+# `add element inet nodelb hpi4 { 198.18.200.1 . tcp . 80 . 198.19.9.9 }`
+HPI4_LIST_ELEM = bytes.fromhex(
+    "1c00 0180"  # NFTA_LIST_ELEM, nested, 28 bytes
+    "1800 0180 1400 0100"  # NFTA_SET_ELEM_KEY > NFTA_DATA_VALUE, 16 bytes
+    "c612c801 06000000 00500000 c6130909"  # addr . tcp . 80 . source address
+)
 # `add element inet nodelb held4 { 198.18.200.1 }`
 HELD4_LIST_ELEM = bytes.fromhex("1000 0180 0c00 0180 0800 0100 c612c801")
 
@@ -105,6 +111,11 @@ HELD4_LIST_ELEM = bytes.fromhex("1000 0180 0c00 0180 0800 0100 c612c801")
             E("srok4", (k("198.18.200.1 . tcp . 80 . 203.0.113.0/24"), None)),
             SROK4_LIST_ELEM,
             id="a source-range element: a concatenated range sent as KEY and KEY_END",
+        ),
+        pytest.param(
+            E("hpi4", (k("198.18.200.1 . tcp . 80 . 198.19.9.9"), None)),
+            HPI4_LIST_ELEM,
+            id="a hairpin-source element: a frontend key and an address, no range",
         ),
         pytest.param(
             E("held4", (k("198.18.200.1"), None)),

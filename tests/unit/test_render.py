@@ -5,14 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import given, settings
 
 from agent.dataplane.fake import FakeError, FakeTable, applied
 from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey
 from agent.model.net import Protocol
 from rules import layout as L
+from rules.plan import Contributions, Emitter
 from rules.render import RenderError, objects_after, render, render_cleanup
 from rules.transaction import Chain, Elements, Op, Table, Transaction, Verdict
-from tests.unit.rules_states import eps, fe, ip, key, state
+from tests.unit.rules_states import desired_states, eps, fe, ip, key, state
 
 V4 = "198.18.0.200 . tcp . 80"
 V4U = "198.18.0.200 . udp . 53"
@@ -66,13 +68,57 @@ RENDER_CASES = [
             present={
                 "ext4": {V4: "goto epl4_1"},
                 "bl4_1": {f"{V4} . 0": "198.19.1.5 . 8080"},
-                "int4": {V4: "goto epc4_3"},
-                "bc4_3": {f"{V4} . 2": "198.19.2.7 . 8080"},
+                "int4": {V4: "goto epi4_3"},
+                "bi4_3": {f"{V4} . 2": "198.19.2.7 . 8080"},
+                "hpi4": {f"{V4} . 198.19.1.5": None},
             },
-            absent={"noep4": (V4,), "drop4": (V4,)},
+            absent={
+                "noep4": (V4,),
+                "drop4": (V4,),
+                "hpi4": (f"{V4} . 198.19.2.6", f"{V4} . 198.19.2.7"),
+            },
         ),
-        id="a Local frontend sends external traffic unmarked to its local endpoint and internal "
-        "traffic marked to all cluster endpoints",
+        id="a Local frontend sends external traffic unmarked to its local endpoint, internal "
+        "traffic to all cluster endpoints, and lists its local endpoint as a hairpin source",
+    ),
+    pytest.param(
+        RenderCase(
+            state(
+                [
+                    fe(
+                        "198.18.0.200",
+                        endpoints=eps("198.19.1.5:8080", "198.19.1.5:9090", "198.19.1.6:8080"),
+                        cluster=eps("198.19.1.5:8080", "198.19.1.5:9090", "198.19.2.7:8080"),
+                        local_only=True,
+                    )
+                ]
+            ),
+            present={"int4": {V4: "goto epi4_3"}, "hpi4": {f"{V4} . 198.19.1.5": None}},
+            absent={"hpi4": (f"{V4} . 198.19.1.6", f"{V4} . 198.19.2.7")},
+        ),
+        id="a local endpoint the internal path can never pick is no hairpin source, and a pod "
+        "listed with two ports is one",
+    ),
+    pytest.param(
+        RenderCase(
+            state(
+                [
+                    fe(
+                        "198.18.0.200",
+                        endpoints=eps("198.19.1.5:8080", "198.19.2.6:8080"),
+                        cluster=eps("198.19.1.5:8080"),
+                    )
+                ]
+            ),
+            present={
+                "ext4": {V4: "goto ep4_2"},
+                "int4": {V4: "goto epc4_1"},
+                "bc4_1": {f"{V4} . 0": "198.19.1.5 . 8080"},
+            },
+            absent={"hpi4": (f"{V4} . 198.19.1.5",), "bi4_1": (f"{V4} . 0",)},
+        ),
+        id="a Cluster frontend whose internal endpoints differ (topology) keeps the always "
+        "marked internal chain and lists no hairpin source",
     ),
     pytest.param(
         RenderCase(
@@ -85,8 +131,8 @@ RENDER_CASES = [
                     )
                 ]
             ),
-            present={"drop4": {V4: None}, "int4": {V4: "goto epc4_1"}},
-            absent={"ext4": (V4,), "noep4": (V4,)},
+            present={"drop4": {V4: None}, "int4": {V4: "goto epi4_1"}},
+            absent={"ext4": (V4,), "noep4": (V4,), "hpi4": (f"{V4} . 198.19.2.6",)},
         ),
         id="a Local frontend without local endpoints drops external traffic but still serves "
         "this node and its pods",
@@ -239,7 +285,21 @@ def test_affinity_unit_shape() -> None:
     ]
 
 
-def test_local_affinity_external_path_is_not_marked() -> None:
+MARK = f"meta mark set meta mark | {L.DEFAULT_MASQ_MARK:#x}"
+HAIRPIN_OR_NODE = {
+    4: [
+        f"ip daddr . meta l4proto . th dport . ip saddr @hpi4 {MARK}",
+        f"ip saddr != @local4 {MARK}",
+    ],
+    6: [
+        f"ip6 daddr . meta l4proto . th dport . ip6 saddr @hpi6 {MARK}",
+        f"ip6 saddr != @local6 {MARK}",
+    ],
+}
+"""The mark rules of a Local frontend's internal path: a hairpin source, or the node itself."""
+
+
+def test_local_affinity_marks_only_hairpin_and_node_traffic_on_the_internal_path() -> None:
     desired = state(
         [fe("198.18.0.200", endpoints=eps("198.19.1.5:8080"), local_only=True, affinity=60)]
     )
@@ -247,7 +307,66 @@ def test_local_affinity_external_path_is_not_marked() -> None:
     ext, internal = table.elements["ext4"][V4], table.elements["int4"][V4]
     assert ext is not None and internal is not None and ext != internal
     assert not any("meta mark" in r for r in table.chains[ext.removeprefix("goto ")])
-    assert table.chains[internal.removeprefix("goto ")][0].startswith("meta mark set")
+    rules = table.chains[internal.removeprefix("goto ")]
+    assert rules[:2] == HAIRPIN_OR_NODE[4]
+    assert MARK not in rules, "a pod that is not an endpoint must keep its address"
+    assert table.elements["hpi4"] == {f"{V4} . 198.19.1.5": None}
+
+
+def test_affinity_service_chains_differ_by_their_mark_rules_and_share_endpoint_units() -> None:
+    """The internal path of a Cluster frontend with its own internal endpoints stays always
+    marked; as Local, the same endpoints get another service chain (its name hashes the mark
+    rules) but the same endpoint chains and client sets (so their clients stay)."""
+    ext, cl = eps("198.19.1.5:8080"), eps("198.19.1.5:8080", "198.19.2.6:8080")
+    cluster = applied(render(state([fe("198.18.0.200", endpoints=ext, cluster=cl, affinity=60)])))
+    local = applied(
+        render(state([fe("198.18.0.200", endpoints=ext, cluster=cl, affinity=60, local_only=True)]))
+    )
+    c_int, l_int = cluster.elements["int4"][V4], local.elements["int4"][V4]
+    assert c_int is not None and l_int is not None and c_int != l_int
+    assert cluster.chains[c_int.removeprefix("goto ")][0] == MARK
+    assert local.chains[l_int.removeprefix("goto ")][:2] == HAIRPIN_OR_NODE[4]
+
+    def internal_units(table: FakeTable, svc: str) -> set[str]:
+        sticky = {r.split()[-1] for r in table.chains[svc] if r.startswith("ip saddr @afa4_")}
+        assert len(sticky) == 2
+        return sticky
+
+    assert internal_units(cluster, c_int.removeprefix("goto ")) == internal_units(
+        local, l_int.removeprefix("goto ")
+    )
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_dispatch_chains_mark_always_except_local_paths(family: int) -> None:
+    """ep and epc always mark, epl never, epi only hairpin sources and the node itself."""
+    fam_ip = L.IP[family]
+    addr = "198.18.0.200" if family == 4 else "2001:db8::200"
+    one = eps("198.19.1.5:80") if family == 4 else eps("[2001:db8:1::5]:80")
+    two = one + (eps("198.19.2.6:80") if family == 4 else eps("[2001:db8:2::6]:80"))
+    table = applied(
+        render(
+            state(
+                [
+                    fe(addr, "tcp", 80, endpoints=one),  # ep_1
+                    fe(addr, "tcp", 81, endpoints=two, cluster=one),  # ep_2, epc_1
+                    fe(addr, "tcp", 82, endpoints=one, cluster=two, local_only=True),  # epl, epi
+                ]
+            )
+        )
+    )
+
+    def dnat(kind: L.DispatchKind, n: int) -> str:
+        return (
+            f"dnat {fam_ip} to {fam_ip} daddr . meta l4proto . th dport . numgen random mod {n} "
+            f"map @{L.backend_map(kind, family, n)}"
+        )
+
+    assert table.chains[f"ep{family}_1"] == [MARK, dnat("ep", 1)]
+    assert table.chains[f"ep{family}_2"] == [MARK, dnat("ep", 2)]
+    assert table.chains[f"epc{family}_1"] == [MARK, dnat("epc", 1)]
+    assert table.chains[f"epl{family}_1"] == [dnat("epl", 1)]
+    assert table.chains[f"epi{family}_2"] == [*HAIRPIN_OR_NODE[family], dnat("epi", 2)]
 
 
 def test_dispatch_chain_shape_and_custom_mark() -> None:
@@ -459,6 +578,29 @@ def test_a_full_render_of_10k_frontends_by_10_endpoints_emits_elements_in_bulk()
     tx = render(desired)
     assert tx.text().count(" : ") >= 110_000  # 100k backends + 10k verdicts
     assert len(tx) < 100, "elements must be emitted in bulk, not one op each"
+
+
+@settings(max_examples=200, deadline=None)
+@given(desired=desired_states())
+def test_every_hairpin_element_is_its_own_local_frontends(desired: DesiredState) -> None:
+    """@hpi holds (key . address) for each address both local and cluster endpoint of a Local
+    frontend with an internal path, once: the key makes the elements of two frontends distinct,
+    so per-frontend deltas never add or delete another frontend's element."""
+    acc = Contributions()
+    emitter = Emitter(L.DEFAULT_MASQ_MARK)
+    for f in desired.frontends.values():
+        emitter.emit(acc, f)
+    for family in (4, 6):
+        got = [k for k, _ in acc.elements.get(L.named(L.HAIRPIN, family), [])]
+        assert len(got) == len(set(got)), f"duplicate hairpin elements: {got}"
+        want = {
+            (str(f.key.ip), f.key.protocol.value, str(f.key.port), str(e.ip))
+            for f in desired.frontends.values()
+            if f.local_only and f.key.ip.version == family
+            for e in f.endpoints
+            if e.ip in {c.ip for c in f.cluster_endpoints}
+        }
+        assert set(got) == want
 
 
 def test_fake_table_is_a_faithful_table_of_render() -> None:
