@@ -552,13 +552,15 @@ class Controller:
         if not self.elector.is_leader():
             return WriteOutcome.NOT_LEADER
         try:
-            result = self._api.patch_service_status(
+            patched = self._api.patch_service_status(
                 write.view.namespace, write.view.name, write.patch()
             )
         except APIError as exc:
             log.warning("status write failed", extra={"service": write.key, "error": str(exc)})
             return WriteOutcome.ERROR
-        return WriteOutcome.CONFLICT if result is PatchResult.CONFLICT else WriteOutcome.OK
+        if patched.result is PatchResult.CONFLICT:
+            return WriteOutcome.CONFLICT
+        return WriteOutcome.OK
 
     def _completed(self, write: StatusWrite, future: Future[WriteOutcome]) -> None:
         exc = future.exception()
