@@ -1,8 +1,9 @@
 """What the controller needs from the outside world: a narrow API interface, and the clocks.
 
 `ControllerAPI` is every request the controller makes (its watches aside): one consistent
-list of every Service, a status patch guarded by resourceVersion, the list of Nodes a pool
-configuration is checked against, and the Lease calls of the leader election (`LeaseAPI`).
+list of every Service, a status patch and a metadata patch (the cleanup finalizer), both
+guarded by resourceVersion, the list of Nodes a pool configuration is checked against, and
+the Lease calls of the leader election (`LeaseAPI`).
 Objects go in and come out as raw dicts parsed with orjson (`_preload_content=False`), never
 through the client's model classes (docs/decisions.md). `KubeControllerAPI` is the real one
 over the kubernetes client; the unit tests use an in-memory fake that enforces
@@ -44,10 +45,25 @@ class APIError(Exception):
 
 
 class PatchResult(enum.StrEnum):
-    """How a guarded status patch ended, when the server answered it."""
+    """How a guarded patch ended, when the server answered it."""
 
     OK = "ok"
     CONFLICT = "conflict"  # 409: the resourceVersion moved on since the view; 404: deleted
+
+
+@dataclass(frozen=True, slots=True)
+class Patched:
+    """How a guarded patch ended, and the Service's resourceVersion after it ("" unless OK).
+
+    The next request of the same write is guarded by that resourceVersion: the controller's
+    own patch moved it on, anyone else's since makes the next one fail.
+    """
+
+    result: PatchResult
+    resource_version: str = ""
+
+
+CONFLICT = Patched(PatchResult.CONFLICT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +104,18 @@ class ControllerAPI(LeaseAPI, Protocol):
         """Return every Service, from one consistent (paginated) read."""
         ...
 
-    def patch_service_status(self, namespace: str, name: str, patch: dict[str, Any]) -> PatchResult:
+    def patch_service_status(self, namespace: str, name: str, patch: dict[str, Any]) -> Patched:
         """Return how a JSON merge patch of a Service's status ended.
 
         `patch` carries metadata.resourceVersion: the server applies it only to that version
         (CONFLICT otherwise, or when the Service is gone).
+        """
+        ...
+
+    def patch_service_metadata(self, namespace: str, name: str, patch: dict[str, Any]) -> Patched:
+        """Return how a JSON merge patch of a Service itself ended (its metadata.finalizers).
+
+        Guarded by the metadata.resourceVersion `patch` carries, as the status patch is.
         """
         ...
 
@@ -150,21 +173,33 @@ class KubeControllerAPI:
         with _as_api_error():
             return list_all(cast(ListFn, self._core.list_service_for_all_namespaces))
 
-    def patch_service_status(self, namespace: str, name: str, patch: dict[str, Any]) -> PatchResult:
+    def patch_service_status(self, namespace: str, name: str, patch: dict[str, Any]) -> Patched:
+        return self._patched(
+            functools.partial(self._core.patch_namespaced_service_status, name, namespace, patch)
+        )
+
+    def patch_service_metadata(self, namespace: str, name: str, patch: dict[str, Any]) -> Patched:
+        return self._patched(
+            functools.partial(self._core.patch_namespaced_service, name, namespace, patch)
+        )
+
+    @staticmethod
+    def _patched(call: functools.partial[Any]) -> Patched:
+        """Send a merge patch; return its result and the resourceVersion the server answered."""
         try:
             with _as_api_error():
-                self._core.patch_namespaced_service_status(
-                    name,
-                    namespace,
-                    patch,
-                    _content_type=MERGE_PATCH,
-                    _preload_content=False,
-                )
+                raw: Any = call(_content_type=MERGE_PATCH, _preload_content=False)
         except APIError as exc:
             if exc.status in (404, 409):
-                return PatchResult.CONFLICT
+                return CONFLICT
             raise
-        return PatchResult.OK
+        obj = orjson.loads(raw.data)
+        version = (
+            (obj.get("metadata") or {}).get("resourceVersion") if isinstance(obj, dict) else None
+        )
+        if not version:
+            raise APIError("patch answered without metadata.resourceVersion")
+        return Patched(PatchResult.OK, str(version))
 
     def list_nodes(self) -> list[dict[str, Any]]:
         with _as_api_error():

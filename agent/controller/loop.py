@@ -18,7 +18,10 @@ in creationTimestamp/UID order and writes what changed.
 
 **Writes** are JSON merge patches of status carrying the resourceVersion they were computed
 from: a write based on a stale view fails with 409 and the key is retried once the watch
-delivers the new version. Right before every write the controller checks it still holds the
+delivers the new version. A write may also add the cleanup finalizer (a metadata patch sent
+before the status patch) or remove it (sent after the status patch that cleared what nodelb
+wrote); each request is guarded by the resourceVersion the one before returned
+(agent/controller/finalizer.py). Right before every write the controller checks it still holds the
 Lease within its renew deadline (`LeaderElector.is_leader`), and before every Service of a
 round, so a leader cut off from the API stops writing before another may start.
 
@@ -48,7 +51,14 @@ from agent.config import ConfigError
 from agent.config_file import parse_document, read_bytes
 from agent.controller import metrics
 from agent.controller.allocator import Allocator, freed_addresses, latest_releases
-from agent.controller.api import APIError, Clock, ControllerAPI, PatchResult, SystemClock
+from agent.controller.api import (
+    APIError,
+    Clock,
+    ControllerAPI,
+    Patched,
+    PatchResult,
+    SystemClock,
+)
 from agent.controller.config import (
     ConfigVerdict,
     ControllerConfig,
@@ -60,6 +70,7 @@ from agent.controller.config import (
     refuse,
 )
 from agent.controller.exhaustion import ExhaustionLimiter
+from agent.controller.finalizer import FinalizerChange, finalizer_patch
 from agent.controller.leader import ElectionTiming, LeaderElector
 from agent.controller.reconcile import (
     BatchEnd,
@@ -79,7 +90,7 @@ from agent.controller.reconcile import (
 )
 from agent.controller.servability import SliceSummary, Unservable, summarize_slice
 from agent.controller.service_status import ServiceView, parse_view
-from agent.controller.writes import RetryDelays, WriteOutcome, WritesInFlight
+from agent.controller.writes import RetryDelays, WriteOutcome, WriteResult, WritesInFlight
 from agent.kube import metrics as kube_metrics
 from agent.kube.events import Event, EventGate, EventSink, ObjectRef
 from agent.kube.node_report import NodeReport, parse_report
@@ -159,7 +170,7 @@ class Controller:
             settings.write_concurrency, thread_name_prefix="write"
         )
         self._writes = WritesInFlight()
-        self._completions: list[tuple[StatusWrite, WriteOutcome]] = []
+        self._completions: list[tuple[StatusWrite, WriteResult]] = []
         self._allocator: Allocator | None = None
         # When each free address was released, as far as this replica knows: what its own
         # allocator released (kept when the allocator is dropped: a reload, a lost Lease) and
@@ -547,24 +558,66 @@ class Controller:
             future = self._writer.submit(self._write, write)
             future.add_done_callback(lambda f: self._completed(write, f))
 
-    def _write(self, write: StatusWrite) -> WriteOutcome:
-        """Send one status patch (writer thread); the leader check is the last thing before it."""
+    def _write(self, write: StatusWrite) -> WriteResult:
+        """Send one write's requests in order (writer thread); the leader check is the last
+        thing before them. A conflict or error ends the write at that request."""
         if not self.elector.is_leader():
-            return WriteOutcome.NOT_LEADER
+            return WriteResult(WriteOutcome.NOT_LEADER)
+        view = write.view
+        version = view.resource_version
+        landed = False
         try:
-            result = self._api.patch_service_status(
-                write.view.namespace, write.view.name, write.patch()
-            )
+            if write.finalizer is FinalizerChange.ADD:
+                patched = self._patch_finalizer(write, version)
+                if patched.result is PatchResult.CONFLICT:
+                    return WriteResult(WriteOutcome.CONFLICT)
+                version = patched.resource_version
+            if write.plan is not None:
+                patched = self._patch_status(write, version)
+                if patched.result is PatchResult.CONFLICT:
+                    return WriteResult(WriteOutcome.CONFLICT)
+                version, landed = patched.resource_version, True
+            if write.finalizer is FinalizerChange.REMOVE:
+                patched = self._patch_finalizer(write, version)
+                if patched.result is PatchResult.CONFLICT:
+                    return WriteResult(WriteOutcome.CONFLICT, landed)
         except APIError as exc:
-            log.warning("status write failed", extra={"service": write.key, "error": str(exc)})
-            return WriteOutcome.ERROR
-        return WriteOutcome.CONFLICT if result is PatchResult.CONFLICT else WriteOutcome.OK
+            log.warning("Service write failed", extra={"service": write.key, "error": str(exc)})
+            return WriteResult(WriteOutcome.ERROR, landed)
+        return WriteResult(WriteOutcome.OK, landed)
 
-    def _completed(self, write: StatusWrite, future: Future[WriteOutcome]) -> None:
+    def _patch_status(self, write: StatusWrite, version: str) -> Patched:
+        """Send the status patch guarded by `version`; count how it ended."""
+        try:
+            patched = self._api.patch_service_status(
+                write.view.namespace, write.view.name, write.patch(version)
+            )
+        except APIError:
+            metrics.STATUS_WRITES.labels(WriteOutcome.ERROR.value).inc()
+            raise
+        metrics.STATUS_WRITES.labels(patched.result.value).inc()
+        return patched
+
+    def _patch_finalizer(self, write: StatusWrite, version: str) -> Patched:
+        """Send the finalizer patch guarded by `version`; count how it ended."""
+        assert write.finalizer is not None
+        action = write.finalizer.value
+        patch = finalizer_patch(write.view.finalizers, write.finalizer, resource_version=version)
+        try:
+            patched = self._api.patch_service_metadata(write.view.namespace, write.view.name, patch)
+        except APIError:
+            metrics.FINALIZER_WRITES.labels(action, WriteOutcome.ERROR.value).inc()
+            raise
+        metrics.FINALIZER_WRITES.labels(action, patched.result.value).inc()
+        return patched
+
+    def _completed(self, write: StatusWrite, future: Future[WriteResult]) -> None:
         exc = future.exception()
-        outcome = WriteOutcome.ERROR if exc is not None else future.result()
+        if exc is not None:
+            log.error("Service write crashed", extra={"service": write.key}, exc_info=exc)
+        result = WriteResult(WriteOutcome.ERROR) if exc is not None else future.result()
         with self._cond:
-            self._completions.append((write, outcome))
+            self._completions.append((write, result))
             self._cond.notify()
 
     def _finish_writes(self) -> None:
@@ -572,12 +625,10 @@ class Controller:
         with self._cond:
             done, self._completions = self._completions, []
         now = self._clock.monotonic()
-        for write, outcome in done:
-            follow = self._writes.complete(write.key, outcome, now=now, delays=self._delays)
+        for write, result in done:
+            follow = self._writes.complete(write.key, result, now=now, delays=self._delays)
             if follow.redo:
                 self._mark([write.key])
-            if follow.counted:
-                metrics.STATUS_WRITES.labels(outcome.value).inc()
             if follow.retry_at is not None:
                 self._timers.at(write.key, follow.retry_at)
             if follow.announce:

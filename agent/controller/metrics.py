@@ -39,6 +39,11 @@ STATUS_WRITES = Counter(
     "Service status writes, by result (ok, conflict, error)",
     ["result"],
 )
+FINALIZER_WRITES = Counter(
+    "nodelb_finalizer_writes_total",
+    "Patches adding or removing the load-balancer cleanup finalizer, by action and result",
+    ["action", "result"],
+)
 UNHELD_IPS = Gauge(
     "nodelb_service_ips_unheld",
     "Allocated addresses that no live node reports holding with the Service's rules in place",

@@ -1,7 +1,8 @@
 """What the controller decides, as pure functions of plain data (the loop carries it out).
 
-- `reconcile` — one Service: its allocation, the status to write (`plan_status`), which
-  Events go and when, when to look at it again, and whether a write is needed at all.
+- `reconcile` — one Service: its allocation, the status to write (`plan_status`), the cleanup
+  finalizer to add or remove (agent/controller/finalizer.py), which Events go and when, when
+  to look at it again, and whether a write is needed at all.
 - `adopt` — taking over: an allocator that has recorded what status already says.
 - `in_allocation_order` and `run_batch` — which Services a round processes, in what order,
   and where it stops when leadership lapses half-way.
@@ -31,11 +32,14 @@ from agent.controller.allocator import (
     allocation_order,
 )
 from agent.controller.exhaustion import ExhaustionLimiter
+from agent.controller.finalizer import FinalizerChange, owner
+from agent.controller.request import ServiceRequest
 from agent.controller.servability import SliceSummary, servability
 from agent.controller.service_status import (
     ServiceView,
     StatusPlan,
     allocation_events,
+    plan_cleared,
     plan_status,
     problem_event,
     serving_events,
@@ -63,23 +67,33 @@ class Step(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class StatusWrite:
-    """One status patch to send, and what goes out once it succeeded.
+    """One write to a Service — its status patch, its finalizer patch, or both — and what
+    goes out once the status patch succeeded.
 
-    The Events wait for the write: a reader who sees one must find the status it explains
-    (the Serving=False condition and no address for a refused request, the new address for
-    an allocation). `allocated_pools` are counted in nodelb_allocations_total then.
+    `plan` None: status is already right, only the finalizer changes. `finalizer` None: it
+    stays as it is. The writer sends an ADD before the status patch (the Service is
+    nodelb's before anything is written for it) and a REMOVE after it (the finalizer goes
+    only once the cleared status is stored), each guarded by the resourceVersion the one
+    before returned (the first by the view's).
+
+    The Events wait for the status patch: a reader who sees one must find the status it
+    explains (the Serving=False condition and no address for a refused request, the new
+    address for an allocation). `allocated_pools` are counted in nodelb_allocations_total then.
     """
 
     key: str
     view: ServiceView
-    plan: StatusPlan
+    plan: StatusPlan | None
     warnings: tuple[Event, ...]  # about the request or what it cannot serve; through the gate
     events: tuple[Event, ...]  # what the addresses did (IPAllocated, IPReallocated, ...)
     allocated_pools: tuple[str, ...]
+    finalizer: FinalizerChange | None = None
 
-    def patch(self) -> dict[str, Any]:
-        """Return the merge patch, guarded by the resourceVersion the plan was computed from."""
-        return self.plan.patch(self.view.resource_version)
+    def patch(self, resource_version: str | None = None) -> dict[str, Any]:
+        """Return the status merge patch, guarded by `resource_version` (default: the view's,
+        which the plan was computed from). Only for a write with a plan."""
+        assert self.plan is not None, "a finalizer-only write has no status patch"
+        return self.plan.patch(resource_version or self.view.resource_version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +162,11 @@ def reconcile(
     monotonic (allocator and backoff), `wall` the time for condition timestamps. `slices`
     are the Service's EndpointSlice summaries: what its addresses can serve
     (agent/controller/servability.py) shows in its conditions and Warnings.
+
+    The cleanup finalizer: a Service that wants a load balancer from nodelb (parsed, ours,
+    not being deleted) gets it added by its write if it lacks it, whatever the allocation
+    came to; one that does not (being deleted, or no longer ours) has it removed, after its
+    status is cleared, when the finalizer is nodelb's (`finalizer.owner`).
     """
     if writing:
         return Reconcile(key, Step.DEFERRED)
@@ -155,6 +174,8 @@ def reconcile(
         released = allocator.release(key, now=now)
         limiter.forget(service=key)
         return Reconcile(key, Step.RELEASED, released, retry_now=_freed(released, limiter))
+    if view.deleting:
+        return _deleting(view, allocator=allocator, limiter=limiter, now=now)
     if view.request is None:
         invalid = problem_event(view, None)
         return Reconcile(key, Step.INVALID, warnings=(invalid,) if invalid else ())
@@ -179,12 +200,22 @@ def reconcile(
     )
     warnings = ((problem,) if problem else ()) + serving_events(view, result, servable)
     plan = plan_status(view, request, result, serving_ips=serving, now=wall, servable=servable)
+    finalizer = None
+    if request.ours:
+        finalizer = None if view.has_cleanup_finalizer else FinalizerChange.ADD
+    elif view.has_cleanup_finalizer and _owned(view, result):
+        # No longer a load balancer nodelb handles: its status is cleared first, then the
+        # finalizer goes (a type changed away leaves an ingress nobody serves).
+        plan = plan_cleared(view, result.released, clear_all=not view.load_balancer)
+        finalizer = FinalizerChange.REMOVE
     write = None
-    if plan is not None:
-        events = tuple(allocation_events(view, result, plan, reallocated=reallocated))
+    if plan is not None or finalizer is not None:
+        events = (
+            tuple(allocation_events(view, result, plan, reallocated=reallocated)) if plan else ()
+        )
         allocated = any(e.reason == "IPAllocated" for e in events)
         pools = (result.pools or ("",)) if allocated else ()
-        write = StatusWrite(key, view, plan, warnings, events, pools)
+        write = StatusWrite(key, view, plan, warnings, events, pools, finalizer)
     return Reconcile(
         key,
         Step.UP_TO_DATE if write is None else Step.WRITE,
@@ -195,6 +226,46 @@ def reconcile(
         retry_at=retry_at,
         retry_now=retry_now,
         failure=failure,
+    )
+
+
+def _owned(view: ServiceView, result: AllocationResult) -> bool:
+    # Whether the cleanup finalizer is nodelb's to remove (and its status nodelb's to clear).
+    verdict = owner(
+        spec=view.spec_owner,
+        our_conditions=view.has_our_conditions,
+        released=bool(result.released),
+    )
+    return verdict.ours
+
+
+def _deleting(
+    view: ServiceView, *, allocator: Allocator, limiter: ExhaustionLimiter, now: float
+) -> Reconcile:
+    """Return what to do about a Service being deleted (metadata.deletionTimestamp set).
+
+    Its addresses are released at once, as for a deleted one: they are free for others in
+    this round, and the agents stop serving them once its cleared status is stored. When it
+    is nodelb's, its status is cleared (IPReleased follows the write) and then its finalizer
+    removed, which lets the apiserver delete it. Whether it parses does not matter: its
+    deletion must not hang on a field nodelb cannot read. No Warning goes to a Service that
+    is going away.
+    """
+    result = allocator.release(view.key, now=now)
+    limiter.forget(service=view.key)
+    write = None
+    if _owned(view, result):
+        plan = plan_cleared(view, result.released, clear_all=True)
+        finalizer = FinalizerChange.REMOVE if view.has_cleanup_finalizer else None
+        if plan is not None or finalizer is not None:
+            events = tuple(allocation_events(view, result, plan, reallocated=None)) if plan else ()
+            write = StatusWrite(view.key, view, plan, (), events, (), finalizer)
+    return Reconcile(
+        view.key,
+        Step.UP_TO_DATE if write is None else Step.WRITE,
+        result,
+        write=write,
+        retry_now=_freed(result, limiter),
     )
 
 
@@ -242,15 +313,24 @@ def adopt(
     `Allocator.record_existing` adopts what status already says, oldest owner first; the
     Services it reports (a duplicate, an address outside every pool or of the wrong family)
     are reallocated when they are reconciled. `released` seeds the reuse order.
+
+    Services being deleted are recorded after every other one: an address one of them still
+    shows stays with a live Service that holds it too (unreported: the dying one gives it up
+    anyway), and what they alone hold is released when they are reconciled, first in the
+    round, so it keeps its place in the reuse order.
     """
     listed = list(views)
-    requests = [
-        replace(v.request, namespace_labels=namespace_labels(v.namespace))
-        for v in listed
-        if v.request is not None
-    ]
+
+    def requests(deleting: bool) -> list[ServiceRequest]:
+        return [
+            replace(v.request, namespace_labels=namespace_labels(v.namespace))
+            for v in listed
+            if v.request is not None and v.deleting is deleting
+        ]
+
     allocator = Allocator(pools, released=released)
-    moved = allocator.record_existing(requests)
+    moved = allocator.record_existing(requests(deleting=False))
+    allocator.record_existing(requests(deleting=True))
     return Adoption(allocator, tuple(moved), frozenset(v.key for v in listed))
 
 
@@ -260,13 +340,15 @@ def adopt(
 def in_allocation_order(views: Mapping[str, ServiceView | None]) -> list[str]:
     """Return keys oldest Service first; deletions first of all, unparseable Services last.
 
-    Deletions go first so that the addresses they free are there for the rest of the round.
+    Deletions — Services gone, then those being deleted — go first so that the addresses
+    they free are there for the rest of the round.
     """
     gone = sorted(k for k, v in views.items() if v is None)
-    present = [v for v in views.values() if v is not None]
+    deleting = sorted(k for k, v in views.items() if v is not None and v.deleting)
+    present = [v for v in views.values() if v is not None and not v.deleting]
     parsed = allocation_order(v.request for v in present if v.request is not None)
     broken = sorted(v.key for v in present if v.request is None)
-    return gone + [r.key for r in parsed] + broken
+    return gone + deleting + [r.key for r in parsed] + broken
 
 
 class BatchEnd(enum.StrEnum):

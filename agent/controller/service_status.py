@@ -1,10 +1,12 @@
 """What the controller writes to a Service's status, and which Events go with it (pure).
 
 `parse_view` turns a raw Service into the few fields the controller needs (the allocation
-request, the resourceVersion its write will be guarded by, what status says now).
+request, the resourceVersion its write will be guarded by, what status says now, whether it is
+being deleted and which finalizers it carries).
 `plan_status` returns the status the Service should have after an allocation — ingress with
 ``ipMode: VIP`` and KEP-4631 conditions — or None when status already says exactly that, so
-an unchanged Service costs no write. `allocation_events` names what changed for people.
+an unchanged Service costs no write; `plan_cleared` the status of a Service nodelb lets go
+of. `allocation_events` names what changed for people.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from agent.controller.conditions import (
     merge_conditions,
     service_conditions,
 )
+from agent.controller.finalizer import FINALIZER, Owner, spec_owner
 from agent.controller.request import ServiceRequest, request_from_raw
 from agent.controller.servability import Servability, Unservable
 from agent.kube.events import Event, ObjectRef
@@ -50,9 +53,14 @@ class ServiceView:
     """One Service as the controller sees it.
 
     `request` is None for a Service that could not be parsed (`problem` says why); such a
-    Service gets a Warning and is otherwise left alone. `ingress` is status.loadBalancer.ingress
-    as stored (raw entries), `conditions` status.conditions; both are kept as canonical JSON
-    text so views compare cheaply and cannot be mutated.
+    Service gets a Warning and is otherwise left alone (unless it is being deleted: see
+    agent/controller/finalizer.py). `ingress` is status.loadBalancer.ingress as stored (raw
+    entries), `conditions` status.conditions; both are kept as canonical JSON text so views
+    compare cheaply and cannot be mutated. `deleting`: metadata.deletionTimestamp is set;
+    `finalizers` are metadata.finalizers as stored (a finalizer patch must carry the others).
+    `spec_owner` is what the raw spec says about the cleanup finalizer, `load_balancer`
+    whether spec.type is LoadBalancer; both are read without the request, so they hold for
+    an unparseable Service too.
     """
 
     key: str
@@ -63,6 +71,10 @@ class ServiceView:
     problem: str | None
     ingress_json: bytes
     conditions_json: bytes
+    deleting: bool = False
+    finalizers: tuple[str, ...] = ()
+    spec_owner: Owner = Owner.NOT_OURS
+    load_balancer: bool = False
 
     @property
     def namespace(self) -> str:
@@ -85,25 +97,54 @@ class ServiceView:
     def ref(self) -> ObjectRef:
         return ObjectRef("Service", self.namespace, self.name, self.uid)
 
+    @property
+    def has_cleanup_finalizer(self) -> bool:
+        """Return True when metadata.finalizers holds the load-balancer cleanup finalizer."""
+        return FINALIZER in self.finalizers
+
+    @property
+    def has_our_conditions(self) -> bool:
+        """Return True when status.conditions holds a condition of a type nodelb writes."""
+        return any(isinstance(c, dict) and c.get("type") in OUR_CONDITIONS for c in self.conditions)
+
 
 def parse_view(obj: Mapping[str, Any], *, lb_class: str, handle_classless: bool) -> ServiceView:
-    """Return the controller's view of a raw Service (never raises on a malformed one)."""
+    """Return the controller's view of a raw Service (never raises on malformed metadata).
+
+    A metadata.finalizers that is not a list reads as none, and entries that are not strings
+    are skipped: the apiserver stores only lists of names, so anything else is not a
+    finalizer anyone could be waiting on.
+    """
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
     key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
     parsed = request_from_raw(obj, lb_class=lb_class, handle_classless=handle_classless)
     request = None if isinstance(parsed, InvalidService) else parsed
     problem = parsed.reason if isinstance(parsed, InvalidService) else None
+    finalizers = meta.get("finalizers")
+    spec = obj.get("spec")
     return ServiceView(
         key=key,
         uid=str(meta.get("uid") or ""),
         resource_version=str(meta.get("resourceVersion") or ""),
-        generation=int(meta.get("generation") or 0),
+        generation=_generation(meta.get("generation")),
         request=request,
         problem=problem,
         ingress_json=orjson.dumps((status.get("loadBalancer") or {}).get("ingress") or []),
         conditions_json=orjson.dumps(status.get("conditions") or []),
+        deleting=bool(meta.get("deletionTimestamp")),
+        finalizers=tuple(f for f in finalizers if isinstance(f, str))
+        if isinstance(finalizers, list)
+        else (),
+        spec_owner=spec_owner(spec, lb_class=lb_class, handle_classless=handle_classless),
+        load_balancer=isinstance(spec, Mapping) and spec.get("type") == "LoadBalancer",
     )
+
+
+def _generation(value: Any) -> int:
+    # metadata.generation is an integer the apiserver sets; anything else reads as 0 (it is
+    # only echoed into conditions' observedGeneration).
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +193,32 @@ def plan_status(
         request=request, allocation=result, serving_ips=serving_ips, servable=servable
     )
     conditions = merge_conditions(view.conditions, wanted, now=now, generation=view.generation)
+    if ingress == current_ingress and conditions == view.conditions:
+        return None
+    return StatusPlan(ingress, conditions)
+
+
+def plan_cleared(
+    view: ServiceView,
+    released: tuple[IPAddress, ...],
+    *,
+    clear_all: bool,
+) -> StatusPlan | None:
+    """Return the status of a Service nodelb lets go of, or None if it already has it.
+
+    nodelb's conditions go. `clear_all` (it is being deleted, or is no longer type
+    LoadBalancer: no implementation serves it) empties the ingress; otherwise (it moved to
+    another class) only the `released` addresses leave it, as in `plan_status`.
+    """
+    current_ingress = view.ingress
+    if clear_all:
+        ingress: list[dict[str, Any]] = []
+    else:
+        gone = {str(ip) for ip in released}
+        ingress = [e for e in current_ingress if e.get("ip") not in gone]
+    conditions = [
+        c for c in view.conditions if not (isinstance(c, dict) and c.get("type") in OUR_CONDITIONS)
+    ]
     if ingress == current_ingress and conditions == view.conditions:
         return None
     return StatusPlan(ingress, conditions)

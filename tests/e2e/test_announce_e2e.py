@@ -318,7 +318,23 @@ def test_serving_turns_true_once_a_node_holds_the_allocated_ip(
         assert metric(page, "nodelb_pool_addresses_in_use", pool="lab") >= 1
     finally:
         cluster.delete_service("alloc")
-        cs.stop_all()
+        try:
+            # ctl holds alloc with its cleanup finalizer: stop it only once it has let alloc
+            # go, or alloc stays (being deleted, still served) for the rest of the module.
+            wait_until(lambda: gone(cluster, "alloc"), CONVERGE, "ctl to let alloc go")
+        finally:
+            cs.stop_all()
+
+
+def gone(cluster: ClusterLab, name: str) -> bool:
+    """Return True once Service `name` no longer exists (its deletion completed)."""
+    try:
+        cluster.read_service(name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return True
+        raise
+    return False
 
 
 def metric(text: str, name: str, **labels: str) -> float:

@@ -21,13 +21,14 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from agent.controller.finalizer import FINALIZER
 from agent.kube.node_report import report_body
 from agent.kube.node_reporter import NodeReporter
 from lab import readers
 from lab.controllers import NAMESPACE, ControllerSet, ensure_node
 from lab.controlplane import ControlPlane
 from lab.topology import Lab
-from lab.wait import wait_until
+from lab.wait import GiveUp, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -492,6 +493,107 @@ def test_a_status_write_from_a_stale_view_is_refused(core: client.CoreV1Api) -> 
             "x", ns, patch, _content_type="application/merge-patch+json"
         )
     assert err.value.status == 409
+
+
+# -- the load-balancer cleanup finalizer ------------------------------------------------------
+
+
+def read_raw(core: client.CoreV1Api, ns: str, name: str) -> dict[str, Any] | None:
+    """Return the Service as stored (raw JSON), None once it is gone."""
+    try:
+        raw: Any = core.read_namespaced_service(name, ns, _preload_content=False)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    obj: dict[str, Any] = orjson.loads(raw.data)
+    return obj
+
+
+def finalized(obj: dict[str, Any]) -> bool:
+    return FINALIZER in (obj["metadata"].get("finalizers") or [])
+
+
+def ingress(obj: dict[str, Any]) -> list[str]:
+    entries = ((obj.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+    return [e["ip"] for e in entries if e.get("ip")]
+
+
+def history(core: client.CoreV1Api, ns: str, name: str, since: str) -> list[tuple[str, Any]]:
+    """Return every (event type, raw object) of Service `name` since resourceVersion `since`,
+    up to its deletion (a watch from the past replays what the apiserver stored)."""
+    seen: list[tuple[str, Any]] = []
+    stream = watch.Watch()  # type: ignore[no-untyped-call]
+    for ev in stream.stream(  # type: ignore[no-untyped-call]
+        core.list_namespaced_service,
+        ns,
+        field_selector=f"metadata.name={name}",
+        resource_version=since,
+        timeout_seconds=30,
+    ):
+        seen.append((ev["type"], ev["raw_object"]))
+        if ev["type"] == "DELETED":
+            stream.stop()  # type: ignore[no-untyped-call]
+    return seen
+
+
+def served(core: client.CoreV1Api, ns: str, name: str) -> dict[str, Any] | None:
+    """Return the Service once it carries the cleanup finalizer and an address, else None."""
+    obj = read_raw(core, ns, name)
+    return obj if obj is not None and finalized(obj) and ingress(obj) else None
+
+
+def test_the_cleanup_finalizer_holds_a_deleted_service_until_its_address_is_free(
+    core: client.CoreV1Api, controllers: ControllerSet
+) -> None:
+    ns = make_ns(core, "finalizer")
+    created = create_svc(core, ns, lb_service("doomed"))
+    since = created.metadata.resource_version
+    obj = wait_until(lambda: served(core, ns, "doomed"), 30, "doomed's finalizer and address")
+    assert obj is not None  # wait_until returns only a truthy value
+    freed = ingress(obj)
+    core.delete_namespaced_service("doomed", ns)
+    # Gone, so the controller removed its finalizer (nothing else would).
+    wait_until(lambda: read_raw(core, ns, "doomed") is None, 30, "doomed deleted")
+    seen = history(core, ns, "doomed", since)
+    assert seen[-1][0] == "DELETED"  # (its object is the last one stored, finalizer and all)
+    # The finalizer came before the address, and went only after the status was cleared.
+    assert [o for _, o in seen if ingress(o) and not finalized(o)] == []
+    dying = [o for _, o in seen if o["metadata"].get("deletionTimestamp")]
+    cleared = [o for o in dying if finalized(o) and not ingress(o)]
+    assert cleared, [(o["metadata"].get("finalizers"), ingress(o)) for o in dying]
+    assert not (cleared[0].get("status") or {}).get("conditions")  # none of nodelb's left
+    wait_until(lambda: events(core, ns, "doomed", "IPReleased"), 30, "doomed's IPReleased")
+    # Released, not merely unlisted: a Service asking for exactly that address gets it.
+    wanted = {"nodelb.io/load-balancer-ips": freed[0]}
+    create_svc(core, ns, lb_service("reuser", annotations=wanted))
+    assert wait_until(lambda: ips_of(core, ns, "reuser"), 30, "reuser's address") == freed
+
+
+def test_a_service_changed_to_cluster_ip_loses_its_status_and_then_the_finalizer(
+    core: client.CoreV1Api, controllers: ControllerSet
+) -> None:
+    ns = make_ns(core, "retyped")
+    create_svc(core, ns, lb_service("changer"))
+    wait_until(lambda: served(core, ns, "changer"), 30, "changer's finalizer and address")
+    core.patch_namespaced_service(
+        "changer",
+        ns,
+        {"spec": {"type": "ClusterIP"}},
+        _content_type="application/merge-patch+json",
+    )
+
+    def let_go() -> dict[str, Any] | None:
+        obj = read_raw(core, ns, "changer")
+        if obj is None:
+            raise GiveUp("changer was deleted: only its type changed")
+        return None if finalized(obj) else obj
+
+    after = wait_until(let_go, 30, "changer's finalizer removed")
+    assert after is not None and after["spec"]["type"] == "ClusterIP"
+    status = after.get("status") or {}
+    assert not (status.get("loadBalancer") or {}).get("ingress")
+    assert not status.get("conditions")
 
 
 # -- wrongly typed configuration (issue 19, item 2); keep these last: they count refusals ----

@@ -33,6 +33,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from agent.controller.finalizer import FINALIZER
 from agent.kube.node_report import report_body
 from lab import binaries, netns, readers
 from lab.controlplane import ControlPlane
@@ -369,8 +370,10 @@ ACCESS = [
     Access(AGENT, "deletecollection", "leases", NS, COORDINATION, allowed=False),
     Access(AGENT, "create", "leases", "kube-system", COORDINATION, allowed=False),
     Access(AGENT, "create", "events", "default", "events.k8s.io", allowed=False),
-    # controller: reads, status writes, Events, leader and node-report Leases
+    # controller: reads, status writes, the cleanup finalizer (patch, which the policy
+    # nodelb-controller-services narrows to it), Events, leader and node-report Leases
     *(Access(CONTROLLER, v, "services") for v in ("list", "watch")),
+    *(Access(CONTROLLER, "patch", "services", ns) for ns in ("default", "shop")),
     *(
         Access(CONTROLLER, v, "services", ns, subresource="status")
         for v in ("get", "update", "patch")
@@ -390,7 +393,6 @@ ACCESS = [
     Access(CONTROLLER, "create", "pods", NS, allowed=False),
     Access(CONTROLLER, "delete", "services", "default", allowed=False),
     Access(CONTROLLER, "update", "services", "default", allowed=False),
-    Access(CONTROLLER, "patch", "services", "default", allowed=False),
     Access(CONTROLLER, "create", "services", "default", allowed=False),
     Access(CONTROLLER, "get", "secrets", NS, allowed=False),
     Access(CONTROLLER, "update", "nodes", allowed=False),
@@ -475,44 +477,6 @@ def test_agent_token_lists_services_and_keeps_its_lease_but_cannot_write_secrets
     assert "system:serviceaccount:nodelb-system:nodelb-agent" in api_message(exc)
 
 
-def test_controller_token_writes_service_status_but_not_the_service(
-    tokens: dict[str, client.ApiClient], admin: client.ApiClient
-) -> None:
-    core = client.CoreV1Api(admin)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="deploy-rbac")))
-    core.create_namespaced_service(
-        "deploy-rbac",
-        client.V1Service(
-            metadata=client.V1ObjectMeta(name="web"),
-            spec=client.V1ServiceSpec(type="LoadBalancer", ports=[client.V1ServicePort(port=80)]),
-        ),
-        _request_timeout=REQUEST_TIMEOUT,
-    )
-    controller = client.CoreV1Api(tokens[CONTROLLER])
-    controller.patch_namespaced_service_status(
-        "web",
-        "deploy-rbac",
-        {"status": {"loadBalancer": {"ingress": [{"ip": "198.18.72.1"}]}}},
-        _content_type="application/merge-patch+json",
-        _request_timeout=REQUEST_TIMEOUT,
-    )
-    stored: Any = core.read_namespaced_service(
-        "web", "deploy-rbac", _request_timeout=REQUEST_TIMEOUT
-    )
-    assert stored.status is not None and stored.status.load_balancer is not None
-    assert [i.ip for i in stored.status.load_balancer.ingress or []] == ["198.18.72.1"]
-    exc = refused(
-        lambda: controller.patch_namespaced_service(
-            "web",
-            "deploy-rbac",
-            {"metadata": {"labels": {"owned": "yes"}}},
-            _content_type="application/merge-patch+json",
-            _request_timeout=REQUEST_TIMEOUT,
-        )
-    )
-    assert exc.status == 403
-
-
 # -- the default install ----------------------------------------------------------------------
 
 
@@ -534,6 +498,68 @@ def installed(kubectl: Kubectl, tokens: dict[str, client.ApiClient], rbac: None)
         return False
 
     wait_until(enforced, POLICY_DEADLINE, "the nodelb-leases policy to be enforced")
+
+
+def test_controller_token_writes_status_and_the_finalizer_but_nothing_else_of_a_service(
+    tokens: dict[str, client.ApiClient], admin: client.ApiClient, installed: None
+) -> None:
+    """RBAC grants the controller patch on services for the cleanup finalizer; the policy
+    nodelb-controller-services refuses any other change it makes to a Service itself."""
+    core = client.CoreV1Api(admin)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="deploy-rbac")))
+    created: Any = core.create_namespaced_service(
+        "deploy-rbac",
+        client.V1Service(
+            metadata=client.V1ObjectMeta(name="web", finalizers=["example.com/keep"]),
+            spec=client.V1ServiceSpec(type="LoadBalancer", ports=[client.V1ServicePort(port=80)]),
+        ),
+        _request_timeout=REQUEST_TIMEOUT,
+    )
+    controller = client.CoreV1Api(tokens[CONTROLLER])
+
+    def patch(body: dict[str, Any]) -> Any:
+        return controller.patch_namespaced_service(
+            "web",
+            "deploy-rbac",
+            body,
+            _content_type="application/merge-patch+json",
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+
+    def label_refused() -> ApiException | None:
+        try:
+            patch({"metadata": {"labels": {"owned": "yes"}}})
+        except ApiException as exc:
+            return exc if "nodelb-controller-services" in api_message(exc) else None
+        return None
+
+    # The policy loads asynchronously: wait until it refuses what RBAC alone would let through.
+    exc = wait_until(label_refused, POLICY_DEADLINE, "nodelb-controller-services enforced")
+    assert exc is not None and exc.status == 403
+    spec = refused(lambda: patch({"spec": {"selector": {"app": "mine"}}}))
+    assert spec.status == 403 and "nodelb-controller-services" in api_message(spec)
+    other = refused(lambda: patch({"metadata": {"finalizers": [FINALIZER]}}))  # drops a finalizer
+    assert other.status == 403 and "nodelb-controller-services" in api_message(other)
+    # What the controller does: add the finalizer beside the others, guarded, then remove it.
+    version = created.metadata.resource_version
+    added = patch(
+        {"metadata": {"resourceVersion": version, "finalizers": ["example.com/keep", FINALIZER]}}
+    )
+    assert added.metadata.finalizers == ["example.com/keep", FINALIZER]
+    controller.patch_namespaced_service_status(
+        "web",
+        "deploy-rbac",
+        {"status": {"loadBalancer": {"ingress": [{"ip": "198.18.72.1"}]}}},
+        _content_type="application/merge-patch+json",
+        _request_timeout=REQUEST_TIMEOUT,
+    )
+    removed = patch({"metadata": {"finalizers": ["example.com/keep"]}})
+    assert removed.metadata.finalizers == ["example.com/keep"]
+    stored: Any = core.read_namespaced_service(
+        "web", "deploy-rbac", _request_timeout=REQUEST_TIMEOUT
+    )
+    assert [i.ip for i in stored.status.load_balancer.ingress or []] == ["198.18.72.1"]
+    assert stored.metadata.labels is None and stored.spec.selector is None
 
 
 # -- (c) the externalIP admission policy -----------------------------------------------------
@@ -983,6 +1009,19 @@ def test_controller_leads_and_allocates_from_the_shipped_pool_with_its_token(
         WORK_DEADLINE,
         "an Event from nodelb-controller about web",
     )
+    # The cleanup finalizer went on with the token, and comes off again: web is let go.
+    stored: Any = core.read_namespaced_service("web", RUN_NS, _request_timeout=REQUEST_TIMEOUT)
+    assert FINALIZER in (stored.metadata.finalizers or [])
+    core.delete_namespaced_service("web", RUN_NS, _request_timeout=REQUEST_TIMEOUT)
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_service("web", RUN_NS, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as exc:
+            return bool(exc.status == 404)
+        return False
+
+    wait_until(gone, WORK_DEADLINE, "web deleted once the controller let it go")
     no_forbidden(cp_lab, running.controller)
 
 

@@ -3,9 +3,13 @@
 `FakeServer` holds Services, Nodes and Leases; `FakeServer.client(name)` is one replica's
 `ControllerAPI` onto it, so every request is recorded with who made it. Like kube-apiserver,
 every write bumps one global resourceVersion, and a write that carries a resourceVersion is
-applied only to that version of the object (409 otherwise; a status patch to a deleted
-Service is a 404): the two answers the controller maps to CONFLICT. `guard=False` turns that
-check off, so a test can show that an interleaving it relies on really needs the guard.
+applied only to that version of the object (409 otherwise; a patch to a deleted Service is a
+404): the two answers the controller maps to CONFLICT. `guard=False` turns that check off, so
+a test can show that an interleaving it relies on really needs the guard.
+
+Finalizers work as the apiserver's do: deleting a Service that has one only sets
+metadata.deletionTimestamp, the Service goes once a patch removes the last one, and a patch
+that adds one to a Service being deleted is refused (422).
 
 After every write the server checks that no address is in two Services' status at once and
 records each moment one is (`duplicates`): a test asserts the list stays empty.
@@ -20,7 +24,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from agent.controller.api import APIError, PatchResult, Watched
+from agent.controller.api import CONFLICT, APIError, Patched, PatchResult, Watched
 
 T = TypeVar("T")
 
@@ -30,9 +34,9 @@ class Request:
     """One request the server answered: who sent it, what, about which object, and how it ended."""
 
     client: str
-    verb: str
+    verb: str  # "patch-status", "patch-metadata", "create-lease", "replace-lease"
     key: str
-    result: str  # "ok", "conflict", "not-found"
+    result: str  # "ok", "conflict", "not-found", "invalid"
     body: dict[str, Any] | None = None
 
 
@@ -94,7 +98,21 @@ class FakeServer:
         meta["resourceVersion"] = self._bump()
 
     def delete_service(self, key: str) -> None:
-        del self.services[key]
+        """Delete a Service: at once without finalizers, else mark it (deletionTimestamp)."""
+        meta = self.services[key]["metadata"]
+        if not meta.get("finalizers"):
+            del self.services[key]
+        elif not meta.get("deletionTimestamp"):
+            meta["deletionTimestamp"] = "2026-12-01T12:00:00Z"
+            meta["resourceVersion"] = self._bump()
+
+    def set_type(self, key: str, kind: str) -> None:
+        """Change a Service's spec.type (the apiserver drops loadBalancerClass with it)."""
+        obj = self.services[key]
+        obj["spec"]["type"] = kind
+        if kind != "LoadBalancer":
+            obj["spec"].pop("loadBalancerClass", None)
+        obj["metadata"]["resourceVersion"] = self._bump()
 
     # -- what a test reads ------------------------------------------------------------------
 
@@ -112,8 +130,24 @@ class FakeServer:
                 held.setdefault(ip, []).append(key)
         return held
 
+    def finalizers(self, key: str) -> list[str]:
+        return list(self.services[key]["metadata"].get("finalizers") or [])
+
     def requests(self, client: str, verb: str = "patch-status") -> list[Request]:
         return [r for r in self.log if r.client == client and r.verb == verb]
+
+    def writes(self, client: str) -> list[tuple[str, str, str]]:
+        """Return (verb, key, result) of every Service patch `client` sent, in order."""
+        return [
+            (r.verb, r.key, r.result)
+            for r in self.log
+            if r.client == client and r.verb in ("patch-status", "patch-metadata")
+        ]
+
+    def write_results(self, client: str) -> dict[str, str]:
+        """Return how the last Service patch `client` sent for each Service ended (a write
+        stops at its first refused request, so this is how each one's last write ended)."""
+        return {key: result for _, key, result in self.writes(client)}
 
     # -- the server -------------------------------------------------------------------------
 
@@ -126,20 +160,59 @@ class FakeServer:
             if len(keys) > 1:
                 self.duplicates.append(f"{ip} held by {keys} at revision {self.revision}")
 
-    def patch_status(self, client: str, namespace: str, name: str, patch: dict[str, Any]) -> str:
+    def patch_status(
+        self, client: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> tuple[str, str]:
+        """Apply a status merge patch; return (result, the resourceVersion after it)."""
         key = f"{namespace}/{name}"
-        if self.before_write is not None:
-            self.before_write(client, "patch-status", key)
-        obj = self.services.get(key)
+        obj = self._guarded(client, "patch-status", key, patch)
         if obj is None:
-            return self._answer(Request(client, "patch-status", key, "not-found", patch))
-        wanted = (patch.get("metadata") or {}).get("resourceVersion")
-        if self.guard and wanted is not None and wanted != obj["metadata"]["resourceVersion"]:
-            return self._answer(Request(client, "patch-status", key, "conflict", patch))
+            return self.log[-1].result, ""
         obj["status"] = merge_patch(obj.get("status") or {}, patch.get("status") or {})
         obj["metadata"]["resourceVersion"] = self._bump()
         self._check_unique()
-        return self._answer(Request(client, "patch-status", key, "ok", patch))
+        return self._answer(Request(client, "patch-status", key, "ok", patch)), obj["metadata"][
+            "resourceVersion"
+        ]
+
+    def patch_metadata(
+        self, client: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> tuple[str, str]:
+        """Apply a merge patch of a Service's metadata; return (result, resourceVersion)."""
+        key = f"{namespace}/{name}"
+        obj = self._guarded(client, "patch-metadata", key, patch)
+        if obj is None:
+            return self.log[-1].result, ""
+        meta = obj["metadata"]
+        changes = {k: v for k, v in (patch.get("metadata") or {}).items() if k != "resourceVersion"}
+        before = set(meta.get("finalizers") or [])
+        after = merge_patch(meta, changes)
+        if meta.get("deletionTimestamp") and set(after.get("finalizers") or []) - before:
+            # The apiserver's answer: no new finalizers on an object being deleted.
+            return self._answer(Request(client, "patch-metadata", key, "invalid", patch)), ""
+        obj["metadata"] = after
+        after["resourceVersion"] = self._bump()
+        if after.get("deletionTimestamp") and not after.get("finalizers"):
+            del self.services[key]  # the last finalizer gone: the deletion completes
+        return self._answer(Request(client, "patch-metadata", key, "ok", patch)), after[
+            "resourceVersion"
+        ]
+
+    def _guarded(
+        self, client: str, verb: str, key: str, patch: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Return the object a guarded patch applies to; None when refused (and logged)."""
+        if self.before_write is not None:
+            self.before_write(client, verb, key)
+        obj = self.services.get(key)
+        if obj is None:
+            self._answer(Request(client, verb, key, "not-found", patch))
+            return None
+        wanted = (patch.get("metadata") or {}).get("resourceVersion")
+        if self.guard and wanted is not None and wanted != obj["metadata"]["resourceVersion"]:
+            self._answer(Request(client, verb, key, "conflict", patch))
+            return None
+        return obj
 
     def write_lease(self, client: str, verb: str, namespace: str, body: dict[str, Any]) -> str:
         name = body["metadata"]["name"]
@@ -196,10 +269,13 @@ class FakeClient:
         self._reach("list_services")
         return copy.deepcopy([self.server.services[k] for k in sorted(self.server.services)])
 
-    def patch_service_status(self, namespace: str, name: str, patch: dict[str, Any]) -> PatchResult:
+    def patch_service_status(self, namespace: str, name: str, patch: dict[str, Any]) -> Patched:
         self._reach("patch_service_status")
-        result = self.server.patch_status(self.name, namespace, name, patch)
-        return PatchResult.OK if result == "ok" else PatchResult.CONFLICT
+        return _patched(*self.server.patch_status(self.name, namespace, name, patch))
+
+    def patch_service_metadata(self, namespace: str, name: str, patch: dict[str, Any]) -> Patched:
+        self._reach("patch_service_metadata")
+        return _patched(*self.server.patch_metadata(self.name, namespace, name, patch))
 
     def list_nodes(self) -> list[dict[str, Any]]:
         self._reach("list_nodes")
@@ -223,6 +299,13 @@ class FakeClient:
 
     def watched(self, *, report_namespace: str) -> Watched:
         return Watched(_no_watch, _no_watch, _no_watch, _no_watch, _no_watch)
+
+
+def _patched(result: str, version: str) -> Patched:
+    """Return the client's answer for a server result, as KubeControllerAPI maps HTTP."""
+    if result == "invalid":
+        raise APIError("HTTP 422: Unprocessable Entity", status=422)
+    return Patched(PatchResult.OK, version) if result == "ok" else CONFLICT
 
 
 def _no_watch(**kwargs: Any) -> Any:

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY
 
+from agent.controller.finalizer import FINALIZER
 from agent.controller.leader import ElectionTiming
 from agent.controller.loop import Controller, ControllerSettings
 from agent.kube.events import ListSink
@@ -148,7 +149,8 @@ def test_a_refused_write_sends_none_of_its_events_and_is_retried(tmp_path: Path)
     server.annotate(key, {"touched": "by a user"})  # the view the write came from is stale now
     a.writer.run_all()
     a.ctl.step()
-    assert server.requests("a")[-1].result == "conflict"
+    # The write ended at its first request, the finalizer, and never reached status.
+    assert server.writes("a") == [("patch-metadata", key, "conflict")]
     assert a.events.events == [] and server.ips(key) == ()
     a.sync(server)  # the watch brings the new version: redone at once
     a.ctl.step()
@@ -174,7 +176,11 @@ def test_a_change_while_its_write_is_in_flight_waits_and_is_redone_after(tmp_pat
     a.writer.run()
     a.ctl.step()
     assert server.ips(key) == ("198.19.9.1",)
-    assert [r.result for r in server.requests("a")] == ["conflict", "ok"]
+    assert server.writes("a") == [
+        ("patch-metadata", key, "conflict"),
+        ("patch-metadata", key, "ok"),
+        ("patch-status", key, "ok"),
+    ]
 
 
 def test_leadership_lapsing_mid_round_stops_it_and_leaves_the_rest_for_later(
@@ -419,12 +425,12 @@ def test_a_stale_leaders_writes_are_refused_and_no_address_is_ever_held_twice(
     for who in order:
         (a if who == "A" else b).writer.run()
     assert server.duplicates == []  # checked after every write, not only now
-    a_results = {r.key: r.result for r in server.requests("a")}
+    a_results = server.write_results("a")  # how each Service's write ended
     assert a_results[x] == "conflict"  # always stale: the user's edit moved x on
     # a's y lands only when it arrives before b's, and then b's is the one refused.
     a_first = order.index("A", order.index("A") + 1) < order.index("B", order.index("B") + 1)
     assert a_results[y] == ("ok" if a_first else "conflict")
-    b_results = {r.key: r.result for r in server.requests("b")}
+    b_results = server.write_results("b")
     assert b_results == {x: "ok", y: "conflict" if a_first else "ok"}
     # a's lapse ends the moment; b converges and every Service holds its own address.
     a.clock.advance(TIMING.renew_deadline)
@@ -708,3 +714,161 @@ def test_a_leader_that_loses_and_regains_the_lease_keeps_its_reuse_order(
     a.ctl.step()
     a.writer.run_all()
     assert server.ips(third) == ("198.19.0.3",)
+
+
+# -- the cleanup finalizer ------------------------------------------------------------------
+
+
+def settle(r: Replica, server: FakeServer, rounds: int = 4) -> None:
+    """Let `r` run rounds: watch caught up, writes sent, completions and timers handled."""
+    for _ in range(rounds):
+        r.sync(server)
+        r.ctl.step()
+        r.writer.run_all()
+        r.clock.advance(1.0)  # past the conflict delay: a refused write is retried
+        r.ctl.elector.step()
+        r.ctl.step()
+
+
+def test_a_new_service_gets_the_finalizer_before_its_status(tmp_path: Path) -> None:
+    server = FakeServer()
+    key = server.create_service("web")
+    a = leading(server, tmp_path)
+    added = metric("nodelb_finalizer_writes_total", action="add", result="ok")
+    a.ctl.step()
+    a.writer.run_all()
+    assert server.writes("a") == [("patch-metadata", key, "ok"), ("patch-status", key, "ok")]
+    assert server.finalizers(key) == [FINALIZER] and server.ips(key) == ("198.19.0.1",)
+    assert metric("nodelb_finalizer_writes_total", action="add", result="ok") == added + 1
+    # The status patch was guarded by the version the finalizer patch returned, not the view's.
+    first, second = server.log[-2:]
+    assert second.body is not None and first.body is not None
+    assert second.body["metadata"]["resourceVersion"] != first.body["metadata"]["resourceVersion"]
+    a.sync(server)
+    a.ctl.step()
+    assert a.writer.queued == []  # finalizer there, status right: nothing more
+
+
+def test_a_deleted_service_is_released_cleared_and_only_then_let_go(tmp_path: Path) -> None:
+    server = FakeServer()
+    key = server.create_service("web")
+    a = leading(server, tmp_path)
+    a.ctl.step()
+    a.writer.run_all()
+    freed = server.ips(key)
+    server.delete_service(key)  # held by the finalizer: only marked
+    assert server.services[key]["metadata"]["deletionTimestamp"]
+    a.sync(server)
+    a.ctl.step()
+    # Released at once: a Service asking for that very address gets it in the next round.
+    taker = server.create_service("taker", annotations={"nodelb.io/load-balancer-ips": freed[0]})
+    a.sync(server)
+    a.ctl.step()
+    assert a.write_keys() == [key, taker]
+    a.writer.run(0)
+    assert server.writes("a")[-2:] == [("patch-status", key, "ok"), ("patch-metadata", key, "ok")]
+    assert key not in server.services  # the last finalizer gone: the deletion completed
+    a.writer.run_all()
+    a.ctl.step()
+    assert server.ips(taker) == freed
+    assert a.reasons("web") == ["IPAllocated", "IPReleased"]
+    assert server.duplicates == []  # the status was cleared before the address was written again
+
+
+def test_a_service_changed_to_cluster_ip_loses_status_then_finalizer(tmp_path: Path) -> None:
+    server = FakeServer()
+    key = server.create_service("web")
+    a = leading(server, tmp_path)
+    a.ctl.step()
+    a.writer.run_all()
+    removed = metric("nodelb_finalizer_writes_total", action="remove", result="ok")
+    server.set_type(key, "ClusterIP")
+    a.sync(server)
+    a.ctl.step()
+    a.writer.run_all()
+    assert server.writes("a")[-2:] == [("patch-status", key, "ok"), ("patch-metadata", key, "ok")]
+    assert server.ips(key) == ()
+    assert not server.services[key]["status"].get("conditions")  # none of ours left
+    assert server.finalizers(key) == []
+    assert metric("nodelb_finalizer_writes_total", action="remove", result="ok") == removed + 1
+
+
+def test_a_refused_status_clear_keeps_the_finalizer_until_a_retry_clears_it(
+    tmp_path: Path,
+) -> None:
+    server = FakeServer()
+    key = server.create_service("web")
+    a = leading(server, tmp_path)
+    a.ctl.step()
+    a.writer.run_all()
+    server.delete_service(key)
+    a.sync(server)
+    a.ctl.step()
+    server.annotate(key, {"touched": "by a user"})  # the write's view is stale now
+    a.writer.run_all()
+    assert server.writes("a")[-1] == ("patch-status", key, "conflict")
+    assert server.finalizers(key) == [FINALIZER]  # not removed: status was not cleared
+    assert server.ips(key) != ()
+    settle(a, server)
+    assert key not in server.services
+    assert a.reasons("web") == ["IPAllocated", "IPReleased"]
+
+
+def test_a_refused_finalizer_removal_still_announces_the_release_once(tmp_path: Path) -> None:
+    server = FakeServer()
+    key = server.create_service("web")
+    a = leading(server, tmp_path)
+    a.ctl.step()
+    a.writer.run_all()
+    server.delete_service(key)
+    a.sync(server)
+    a.ctl.step()
+
+    def touch_once(client: str, verb: str, target: str) -> None:
+        if verb == "patch-metadata" and target == key:
+            server.before_write = None
+            server.annotate(key, {"touched": "between the two patches"})
+
+    server.before_write = touch_once
+    a.writer.run_all()
+    assert server.writes("a")[-2:] == [
+        ("patch-status", key, "ok"),
+        ("patch-metadata", key, "conflict"),
+    ]
+    a.ctl.step()
+    assert a.reasons("web") == ["IPAllocated", "IPReleased"]  # its status landed: announced
+    sent = len(server.writes("a"))
+    settle(a, server)
+    assert key not in server.services
+    landed = [w for w in server.writes("a")[sent:] if w[2] == "ok"]
+    assert landed == [("patch-metadata", key, "ok")]  # a finalizer-only retry
+    assert a.reasons("web") == ["IPAllocated", "IPReleased"]  # not twice
+
+
+def test_another_classes_service_keeps_its_finalizer_and_status(tmp_path: Path) -> None:
+    server = FakeServer()
+    key = server.create_service("theirs")
+    obj = server.services[key]
+    obj["spec"]["loadBalancerClass"] = "example.com/other"
+    obj["metadata"]["finalizers"] = [FINALIZER]
+    obj["status"] = {"loadBalancer": {"ingress": [{"ip": "203.0.113.7"}]}}
+    a = leading(server, tmp_path)
+    a.ctl.step()
+    server.delete_service(key)
+    settle(a, server)
+    assert server.writes("a") == []
+    assert server.finalizers(key) == [FINALIZER] and server.ips(key) == ("203.0.113.7",)
+
+
+def test_an_unparseable_service_being_deleted_is_let_go(tmp_path: Path) -> None:
+    server = FakeServer()
+    key = server.create_service("web")
+    a = leading(server, tmp_path)
+    a.ctl.step()
+    a.writer.run_all()
+    server.services[key]["spec"]["ports"] = [{"port": "eighty", "protocol": "TCP"}]
+    server.delete_service(key)
+    settle(a, server)
+    assert key not in server.services
+    assert a.reasons("web")[0] == "IPAllocated" and "IPReleased" in a.reasons("web")
+    assert "InvalidService" not in a.reasons("web")  # no Warning for what is going away

@@ -19,6 +19,7 @@ import pytest
 
 from agent.controller.allocator import AllocationReason, Allocator
 from agent.controller.exhaustion import ExhaustionLimiter
+from agent.controller.finalizer import FINALIZER, FinalizerChange
 from agent.controller.reconcile import (
     REPORT_SLACK,
     BatchEnd,
@@ -94,6 +95,13 @@ def view_of(raw: dict[str, Any]) -> ServiceView:
     return parse_view(raw, lb_class="nodelb.io/lb", handle_classless=True)
 
 
+def deleting(raw: dict[str, Any]) -> dict[str, Any]:
+    """Return `raw` marked as being deleted, held by the cleanup finalizer."""
+    raw["metadata"]["deletionTimestamp"] = "2026-12-01T12:00:00Z"
+    raw["metadata"]["finalizers"] = [FINALIZER]
+    return raw
+
+
 @dataclass
 class World:
     """An allocator and limiter, and the raw Services as the API holds them."""
@@ -124,22 +132,43 @@ class World:
         return key
 
     def serve(self, raw: dict[str, Any]) -> str:
-        """Add a Service, reconcile it and let its write land (status says what was planned)."""
+        """Add a Service, reconcile it and let its write land (status says what was planned,
+        the finalizer is added or removed)."""
         key = self.add(raw)
-        decided = self.reconcile(key)
-        if decided.write is not None:
-            plan = decided.write.plan
-            raw["status"] = {
-                "loadBalancer": {"ingress": plan.ingress},
-                "conditions": plan.conditions,
-            }
+        self.land(self.reconcile(key))
         return key
+
+    def land(self, decided: Reconcile) -> None:
+        """Apply a decided write to the raw Service, as the apiserver would."""
+        write = decided.write
+        if write is None:
+            return
+        raw = self.raws[decided.key]
+        if write.plan is not None:
+            raw["status"] = {
+                "loadBalancer": {"ingress": write.plan.ingress},
+                "conditions": write.plan.conditions,
+            }
+        meta = raw["metadata"]
+        if write.finalizer is FinalizerChange.ADD:
+            meta["finalizers"] = [*meta.get("finalizers", []), FINALIZER]
+        elif write.finalizer is FinalizerChange.REMOVE:
+            meta["finalizers"] = [f for f in meta.get("finalizers", []) if f != FINALIZER]
+
+    def delete(self, key: str) -> None:
+        """Delete a Service as the apiserver does: mark it while it has finalizers."""
+        meta = self.raws[key]["metadata"]
+        if meta.get("finalizers"):
+            meta["deletionTimestamp"] = "2026-12-01T12:00:00Z"
+        else:
+            del self.raws[key]
 
 
 @dataclass(frozen=True, slots=True)
 class Expect:
     step: Step
-    written: tuple[str, ...] | None = None  # the ingress addresses written; None: no write
+    written: tuple[str, ...] | None = None  # the ingress addresses written; None: no status
+    finalizer: FinalizerChange | None = None  # what the write does to the cleanup finalizer
     after_write: tuple[str, ...] = ()  # Event reasons sent once the write succeeded
     at_once: tuple[str, ...] = ()  # Event reasons sent now (through the gate or the limiter)
     retry_at: tuple[float, ...] = ()
@@ -211,10 +240,82 @@ def _other_class_holding_ours(world: World) -> str:
     return key
 
 
+def _served_before_the_finalizer(world: World) -> str:
+    key = world.serve(raw_service("web"))
+    world.raws[key]["metadata"]["finalizers"] = []  # written by a nodelb without finalizers
+    return key
+
+
+def _deleting_with_a_waiter(world: World) -> str:
+    world.serve(raw_service("a", 1))
+    world.serve(raw_service("b", 2))
+    world.serve(raw_service("c", 3))  # pool full: c waits
+    world.delete("ns/a")
+    return "ns/a"
+
+
+def _deleting_status_already_cleared(world: World) -> str:
+    key = world.serve(raw_service("web"))
+    world.delete(key)
+    cleared = world.reconcile(key)
+    assert cleared.write is not None and cleared.write.plan is not None
+    world.raws[key]["status"] = {"loadBalancer": {}}  # its status landed, the removal did not
+    return key
+
+
+def _deleting_held_by_another_finalizer(world: World) -> str:
+    key = world.add(raw_service("web"))
+    world.raws[key]["metadata"]["finalizers"] = ["example.com/keep"]
+    world.serve(world.raws[key])
+    world.raws[key]["metadata"]["finalizers"] = ["example.com/keep"]  # ours never landed
+    world.delete(key)
+    return key
+
+
+def _type_changed_to_cluster_ip(world: World) -> str:
+    key = world.serve(raw_service("web"))
+    world.raws[key]["spec"]["type"] = "ClusterIP"
+    return key
+
+
+def _type_changed_while_no_controller_ran(world: World) -> str:
+    key = _type_changed_to_cluster_ip(world)
+    world.allocator = Allocator(POOLS)  # a restart: adopt records no ClusterIP Service
+    return key
+
+
+def _other_class_with_its_finalizer(world: World, *, deleting: bool = False) -> str:
+    raw = raw_service("web", lb_class="example.com/other", ingress=("203.0.113.9",))
+    raw["metadata"]["finalizers"] = [FINALIZER]
+    key = world.add(raw)
+    if deleting:
+        world.delete(key)
+    return key
+
+
+def _other_class_deleting_with_its_finalizer(world: World) -> str:
+    return _other_class_with_its_finalizer(world, deleting=True)
+
+
+def _unparseable_deleting_with_our_finalizer(world: World) -> str:
+    key = world.serve(raw_service("web"))
+    world.raws[key]["spec"]["ports"] = [{"port": "eighty", "protocol": "TCP"}]
+    world.delete(key)
+    return key
+
+
+def _unparseable_with_our_finalizer(world: World) -> str:
+    key = world.serve(raw_service("web"))
+    world.raws[key]["spec"]["ports"] = [{"port": "eighty", "protocol": "TCP"}]
+    return key
+
+
+ADD, REMOVE = FinalizerChange.ADD, FinalizerChange.REMOVE
+
 RECONCILE_CASES = [
     pytest.param(
-        ReconcileCase(_new, Expect(Step.WRITE, ("198.19.0.1",), after_write=("IPAllocated",))),
-        id="a new Service gets the lowest address and one write; IPAllocated waits for it",
+        ReconcileCase(_new, Expect(Step.WRITE, ("198.19.0.1",), ADD, after_write=("IPAllocated",))),
+        id="a new Service gets the lowest address and one write, which adds the finalizer first",
     ),
     pytest.param(
         ReconcileCase(_written_already, Expect(Step.UP_TO_DATE)),
@@ -238,6 +339,7 @@ RECONCILE_CASES = [
             Expect(
                 Step.WRITE,
                 (),
+                ADD,
                 after_write=("IPRequestInvalid",),
                 failure=R.REQUESTED_IP_NOT_IN_POOL,
             ),
@@ -259,12 +361,13 @@ RECONCILE_CASES = [
             Expect(
                 Step.WRITE,
                 (),
+                ADD,
                 at_once=("PoolExhausted",),
                 retry_at=(NOW + 5.0,),
                 failure=R.POOL_EXHAUSTED,
             ),
         ),
-        id="a full pool: PoolExhausted goes at once through the limiter, retried after 5 s",
+        id="a full pool: PoolExhausted at once, retried after 5 s; the finalizer goes on anyway",
     ),
     pytest.param(
         ReconcileCase(
@@ -276,7 +379,7 @@ RECONCILE_CASES = [
     pytest.param(
         ReconcileCase(
             _lost_its_address_at_takeover,
-            Expect(Step.WRITE, ("198.19.0.1",), after_write=("IPReallocated",)),
+            Expect(Step.WRITE, ("198.19.0.1",), ADD, after_write=("IPReallocated",)),
             reallocated="198.18.9.9 of ns/web lies outside every pool; reallocating",
         ),
         id="a Service that lost its address at takeover moves with IPReallocated after the write",
@@ -284,9 +387,65 @@ RECONCILE_CASES = [
     pytest.param(
         ReconcileCase(
             _other_class_holding_ours,
-            Expect(Step.WRITE, (), after_write=("IPReleased",)),
+            Expect(Step.WRITE, (), REMOVE, after_write=("IPReleased",)),
         ),
-        id="a Service moved to another class loses our address; no failure is counted",
+        id="a Service moved to another class loses our address and our finalizer; no failure",
+    ),
+    pytest.param(
+        ReconcileCase(_served_before_the_finalizer, Expect(Step.WRITE, None, ADD)),
+        id="a Service served before finalizers gets a finalizer-only write, no status, no Event",
+    ),
+    pytest.param(
+        ReconcileCase(
+            _deleting_with_a_waiter,
+            Expect(Step.WRITE, (), REMOVE, after_write=("IPReleased",), retry_now=("ns/c",)),
+        ),
+        id="a Service being deleted frees its address at once, clears status, then the finalizer",
+    ),
+    pytest.param(
+        ReconcileCase(_deleting_status_already_cleared, Expect(Step.WRITE, None, REMOVE)),
+        id="a Service being deleted whose cleared status landed: a finalizer-only removal",
+    ),
+    pytest.param(
+        ReconcileCase(
+            _deleting_held_by_another_finalizer,
+            Expect(Step.WRITE, (), None, after_write=("IPReleased",)),
+        ),
+        id="a Service being deleted with only another finalizer: released and cleared all the same",
+    ),
+    pytest.param(
+        ReconcileCase(
+            _type_changed_to_cluster_ip, Expect(Step.WRITE, (), REMOVE, after_write=("IPReleased",))
+        ),
+        id="a Service changed to ClusterIP: address released, status cleared, finalizer removed",
+    ),
+    pytest.param(
+        ReconcileCase(
+            _type_changed_while_no_controller_ran,
+            Expect(Step.WRITE, (), REMOVE, after_write=("IPReleased",)),
+        ),
+        id="a type change no allocator saw: the ingress nobody serves is cleared all the same",
+    ),
+    pytest.param(
+        ReconcileCase(_other_class_with_its_finalizer, Expect(Step.UP_TO_DATE)),
+        id="another class's Service with the finalizer: left alone",
+    ),
+    pytest.param(
+        ReconcileCase(_other_class_deleting_with_its_finalizer, Expect(Step.UP_TO_DATE)),
+        id="another class's Service being deleted with the finalizer: left alone",
+    ),
+    pytest.param(
+        ReconcileCase(
+            _unparseable_deleting_with_our_finalizer,
+            Expect(Step.WRITE, (), REMOVE, after_write=("IPReleased",)),
+        ),
+        id="an unparseable Service being deleted still has its address and finalizer removed",
+    ),
+    pytest.param(
+        ReconcileCase(
+            _unparseable_with_our_finalizer, Expect(Step.INVALID, at_once=("InvalidService",))
+        ),
+        id="an unparseable Service not being deleted keeps its finalizer",
     ),
 ]
 
@@ -300,7 +459,10 @@ def test_reconcile(case: ReconcileCase) -> None:
     write = decided.write
     got = Expect(
         step=decided.step,
-        written=None if write is None else tuple(e["ip"] for e in write.plan.ingress),
+        written=None
+        if write is None or write.plan is None
+        else tuple(e["ip"] for e in write.plan.ingress),
+        finalizer=None if write is None else write.finalizer,
         after_write=()
         if write is None
         else tuple(e.reason for e in (*write.warnings, *write.events)),
@@ -316,8 +478,11 @@ def test_reconcile(case: ReconcileCase) -> None:
     assert got == case.expect
     if decided.step is Step.DEFERRED:
         assert world.allocator.allocations() == before  # the allocator did not move ahead
-    if write is not None:
+    if write is not None and write.plan is not None:
         assert write.patch()["metadata"] == {"resourceVersion": "7"}  # guarded by the view's
+    if write is not None and write.finalizer is REMOVE and write.plan is not None:
+        # What a Service being let go of keeps: none of our conditions.
+        assert write.plan.conditions == [] and write.plan.ingress == []
 
 
 def test_an_allocation_write_counts_its_pool_and_a_refusal_counts_none() -> None:
@@ -368,6 +533,17 @@ ORDER_CASES = [
             ["ns/ok", "ns/broken"],
         ),
         id="unparseable Services last, however old",
+    ),
+    pytest.param(
+        OrderCase(
+            {
+                "ns/old": view_of(raw_service("old", 1)),
+                "ns/dying": view_of(deleting(raw_service("dying", 5))),
+                "ns/gone": None,
+            },
+            ["ns/gone", "ns/dying", "ns/old"],
+        ),
+        id="Services being deleted right after the deleted ones, before the oldest live one",
     ),
 ]
 
@@ -630,6 +806,27 @@ def test_adopt_keeps_the_oldest_owner_of_a_duplicate_and_lists_every_service() -
         ("ns/young", R.DUPLICATE_ADDRESS)
     ]
     assert adoption.keys == {"ns/young", "ns/old", "ns/broken"}
+
+
+def test_adopt_leaves_an_address_to_a_live_service_over_an_older_one_being_deleted() -> None:
+    views = [
+        view_of(deleting(raw_service("dying", 1, ingress=("198.19.0.1",)))),
+        view_of(raw_service("live", 5, ingress=("198.19.0.1",))),
+    ]
+    adoption = adopt(views, pools=POOLS, namespace_labels=lambda ns: ())
+    assert adoption.allocator.holders_of(ip("198.19.0.1")) == ("ns/live",)
+    assert adoption.allocator.ips_of("ns/dying") == ()
+    assert adoption.reallocations == ()  # the live one is not moved, the dying one not reported
+    assert adoption.keys == {"ns/dying", "ns/live"}
+
+
+def test_adopt_records_what_a_service_being_deleted_alone_holds() -> None:
+    views = [view_of(deleting(raw_service("dying", 1, ingress=("198.19.0.2",))))]
+    adoption = adopt(views, pools=POOLS, namespace_labels=lambda ns: ())
+    assert adoption.allocator.ips_of("ns/dying") == (ip("198.19.0.2"),)
+    released = adoption.allocator.release("ns/dying", now=NOW)
+    assert released.released == (ip("198.19.0.2"),)
+    assert adoption.allocator.release_times() == {ip("198.19.0.2"): NOW}
 
 
 def test_retry_timers_fire_once_in_time_order() -> None:

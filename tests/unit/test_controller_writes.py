@@ -11,6 +11,7 @@ from agent.controller.writes import (
     Completion,
     RetryDelays,
     WriteOutcome,
+    WriteResult,
     WritesInFlight,
     complete_write,
 )
@@ -25,32 +26,41 @@ class CompletionCase:
     outcome: WriteOutcome
     changed_meanwhile: bool
     expect: Completion
+    status_written: bool = False
 
 
 COMPLETION_CASES = [
     pytest.param(
-        CompletionCase(W.OK, False, Completion(False, None, announce=True, counted=True)),
+        CompletionCase(W.OK, False, Completion(False, None, announce=True)),
         id="a write that succeeded sends its Events and needs nothing more",
     ),
     pytest.param(
-        CompletionCase(W.OK, True, Completion(True, None, announce=True, counted=True)),
+        CompletionCase(W.OK, True, Completion(True, None, announce=True)),
         id="a write that succeeded while the Service changed: Events now, and it is redone",
     ),
     pytest.param(
-        CompletionCase(W.CONFLICT, False, Completion(False, 11.0, announce=False, counted=True)),
+        CompletionCase(W.CONFLICT, False, Completion(False, 11.0, announce=False)),
         id="a conflict (stale view or deleted) sends no Event and retries after a second",
     ),
     pytest.param(
-        CompletionCase(W.CONFLICT, True, Completion(True, 11.0, announce=False, counted=True)),
+        CompletionCase(W.CONFLICT, True, Completion(True, 11.0, announce=False)),
         id="a conflict on a Service that changed meanwhile is redone at once, the timer kept",
     ),
     pytest.param(
-        CompletionCase(W.ERROR, False, Completion(False, 15.0, announce=False, counted=True)),
+        CompletionCase(W.CONFLICT, False, Completion(False, 11.0, announce=True), True),
+        id="a finalizer removal refused after its status patch landed: the Events still go",
+    ),
+    pytest.param(
+        CompletionCase(W.ERROR, False, Completion(False, 15.0, announce=False)),
         id="an error sends no Event and retries after five seconds",
     ),
     pytest.param(
-        CompletionCase(W.NOT_LEADER, False, Completion(True, None, announce=False, counted=False)),
-        id="a write never sent because leadership lapsed is redone and not counted",
+        CompletionCase(W.ERROR, False, Completion(False, 15.0, announce=True), True),
+        id="an error after the status patch landed: its Events go, retried after five seconds",
+    ),
+    pytest.param(
+        CompletionCase(W.NOT_LEADER, False, Completion(True, None, announce=False)),
+        id="a write never sent because leadership lapsed is redone at once",
     ),
 ]
 
@@ -58,7 +68,10 @@ COMPLETION_CASES = [
 @pytest.mark.parametrize("case", COMPLETION_CASES)
 def test_complete_write(case: CompletionCase) -> None:
     got = complete_write(
-        case.outcome, changed_meanwhile=case.changed_meanwhile, now=10.0, delays=DELAYS
+        WriteResult(case.outcome, case.status_written),
+        changed_meanwhile=case.changed_meanwhile,
+        now=10.0,
+        delays=DELAYS,
     )
     assert got == case.expect
 
@@ -106,12 +119,12 @@ def test_one_write_per_service_in_flight(case: DeferralCase) -> None:
         writes.note(again)
         assert again.step is Step.DEFERRED and again.write is None
     assert len(writes) == 1  # however many changes came meanwhile
-    done = writes.complete(key, case.outcome, now=10.0, delays=DELAYS)
+    done = writes.complete(key, WriteResult(case.outcome), now=10.0, delays=DELAYS)
     assert done.redo is case.redo
     assert key not in writes
     # The next write of the Service is a fresh one, not remembered as changed meanwhile.
     writes.note(world.reconcile(key, writing=False))
-    assert writes.complete(key, W.OK, now=11.0, delays=DELAYS).redo is False
+    assert writes.complete(key, WriteResult(W.OK), now=11.0, delays=DELAYS).redo is False
 
 
 def test_only_a_decided_write_is_in_flight() -> None:

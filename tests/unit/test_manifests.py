@@ -23,6 +23,7 @@ import yaml
 from agent.cli import build_parser
 from agent.config import parse_config
 from agent.controller.config import ClusterAddresses, parse_controller_config
+from agent.controller.finalizer import FINALIZER
 from agent.http_server import parse_addresses
 from agent.model.net import IPNetwork
 from agent.model.pools import Forbidden, parse_pools
@@ -151,6 +152,8 @@ def test_the_manifests_hold_exactly_the_documented_objects() -> None:
             ("ValidatingAdmissionPolicyBinding", "nodelb-externalips"),
             ("ValidatingAdmissionPolicy", "nodelb-leases"),
             ("ValidatingAdmissionPolicyBinding", "nodelb-leases"),
+            ("ValidatingAdmissionPolicy", "nodelb-controller-services"),
+            ("ValidatingAdmissionPolicyBinding", "nodelb-controller-services"),
         ]
     )
     # The Namespace comes first so that one `kubectl apply -f` creates it before its objects.
@@ -349,7 +352,9 @@ EXPECTED_RULES: dict[tuple[str, str], set[Rule]] = {
     ("Role", "nodelb-agent"): triples(
         "coordination.k8s.io", "leases", "get list watch create update"
     ),
-    ("ClusterRole", "nodelb-controller"): triples("", "services", "list watch")
+    # patch on services: the cleanup finalizer only, as the policy nodelb-controller-services
+    # enforces (test_the_controller_policy_lets_it_change_only_the_cleanup_finalizer).
+    ("ClusterRole", "nodelb-controller"): triples("", "services", "list watch patch")
     | triples("", "services/status", "get update patch")
     | triples("", "nodes", "list watch")
     | triples("", "namespaces", "list watch")
@@ -464,11 +469,38 @@ def test_the_lease_policy_binds_both_service_accounts_to_their_own_leases() -> N
     assert binding["spec"] == {"policyName": "nodelb-leases", "validationActions": ["Deny"]}
 
 
-def test_the_default_install_applies_every_manifest_and_both_policies() -> None:
+def test_the_controller_policy_lets_it_change_only_the_cleanup_finalizer() -> None:
+    policy = obj("ValidatingAdmissionPolicy", "nodelb-controller-services", POLICY_DOCS)
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    # Updates of the Service itself only: services/status is the controller's to write.
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"], rule["operations"]) == (
+        [""],
+        ["services"],
+        ["UPDATE"],
+    )
+    (match,) = spec["matchConditions"]
+    assert f"'system:serviceaccount:{NS}:nodelb-controller'" in match["expression"]
+    (validation,) = spec["validations"]
+    for kept in ("object.spec == oldObject.spec", "labels", "annotations", "owners"):
+        assert kept in validation["expression"]
+    finalizers = " ".join(v["expression"] for v in spec["variables"])
+    assert f"'{FINALIZER}'" in finalizers  # the one finalizer it may change
+    assert validation["reason"] == "Forbidden"
+    binding = obj("ValidatingAdmissionPolicyBinding", "nodelb-controller-services", POLICY_DOCS)
+    assert binding["spec"] == {
+        "policyName": "nodelb-controller-services",
+        "validationActions": ["Deny"],
+    }
+
+
+def test_the_default_install_applies_every_manifest_and_every_policy() -> None:
     kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
     assert kustomization["kind"] == "Kustomization"
     # The admission policies are not optional extras: without nodelb-externalips kube-proxy
-    # serves refused externalIPs (CVE-2020-8554), without nodelb-leases nodes forge reports.
+    # serves refused externalIPs (CVE-2020-8554), without nodelb-leases nodes forge reports,
+    # without nodelb-controller-services the controller's token may rewrite any Service.
     assert kustomization["resources"] == list(OWN_FILES)
     readme = (ROOT / "README.md").read_text()
     deploy_doc = (ROOT / "docs" / "deploy.md").read_text()
