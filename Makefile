@@ -27,7 +27,7 @@ APT_PACKAGES += libseccomp-dev pkg-config containernetworking-plugins
 
 .PHONY: test demo setup deps venv kube runtime promtool lint typecheck unit kernel e2e bench clean
 
-test: setup lint typecheck
+test: setup conformance-build lint typecheck
 	$(VPY) -m pytest tests
 
 demo: setup

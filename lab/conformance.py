@@ -32,6 +32,8 @@ from lab import binaries
 CONFORMANCE_DIR = Path(__file__).resolve().parents[1] / "conformance"
 SPECS_FILE = CONFORMANCE_DIR / "specs.txt"
 SKIP_FILE = CONFORMANCE_DIR / "skip.txt"
+# The specs `make test` runs (tests/realnodes): listed in specs.txt, none of skip.txt.
+SUBSET_FILE = CONFORMANCE_DIR / "subset.txt"
 # The tag every LoadBalancer spec carries since kubernetes PR #124660 (test/e2e/feature).
 FOCUS = r"\[Feature:LoadBalancer\]"
 SKIP_SEPARATOR = " | "

@@ -15,6 +15,7 @@ import collections
 from collections.abc import Iterator
 from dataclasses import dataclass
 from ipaddress import ip_address
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,8 @@ from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
 from lab import binaries
+from lab.conformance import SUBSET_FILE, read_specs
+from lab.conformance_run import focus_on, run_specs
 from lab.httpget import HttpResult, get_many
 from lab.realnodes import DEPLOY, NODELB_NAMESPACE, RealNodeCluster
 from lab.requestloop import RequestLoop, failed
@@ -327,6 +330,22 @@ def test_local_policy_shows_the_outside_clients_own_address(
     assert seen == {str(OUTSIDE_CLIENT4)}
     hostnames = answered_by(from_outside(real_cluster, ip, "/hostname", 10))
     assert {web.pods[pod] for pod in hostnames} == {holder}
+
+
+# -- the upstream judge --------------------------------------------------------------------------
+
+
+def test_the_upstream_load_balancer_specs_of_the_ci_subset_pass(
+    real_cluster: RealNodeCluster, web: Web, tmp_path: Path
+) -> None:
+    # conformance/subset.txt: the [Feature:LoadBalancer] specs short enough for every CI run;
+    # `make conformance` runs them all. e2e.test runs from the outside network, as there.
+    subset = read_specs(SUBSET_FILE.read_text(), source=str(SUBSET_FILE))
+    run = run_specs(real_cluster, focus=focus_on(subset), report_dir=tmp_path, timeout=900.0)
+    bad = run.not_passed(subset)
+    assert not bad, "\n".join(f"{r.outcome.value}: {r.spec}: {r.note}" for r in bad) + (
+        f"\ne2e.test log: {run.log}"
+    )
 
 
 # -- changes to the cluster (last) -------------------------------------------------------------
