@@ -113,6 +113,17 @@ def skip_expression(spec: str) -> str:
     return go_quote_meta(spec) + "$"
 
 
+def focus_on(specs: Sequence[str]) -> str:
+    """Return a --ginkgo.focus expression that selects exactly the specs named (full texts).
+
+    ginkgo matches "<suite description> <spec text>", so each alternative is anchored at the
+    end only, as a skip expression is (`skip_expression`).
+    """
+    if not specs:
+        raise ValueError("no spec to focus on")
+    return "|".join(skip_expression(s) for s in specs)
+
+
 def dry_run_arguments(*, focus: str, skips: Sequence[str], report: Path) -> list[str]:
     """Return e2e.test's arguments for a dry run writing ginkgo's JSON report to `report`."""
     return [
@@ -233,6 +244,11 @@ def check(e2e_test: Path) -> int:
     expressions = [skip_expression(s.spec) for s in skips]
     remaining = [e.text for e in dry_run(e2e_test, focus=FOCUS, skips=expressions)]
     found = problems(specs=specs, skips=skips, focused=focused, focused_and_skipped=remaining)
+    subset = read_specs(SUBSET_FILE.read_text(), source=str(SUBSET_FILE))
+    if subset:
+        chosen = {e.text for e in dry_run(e2e_test, focus=focus_on(subset), skips=())}
+        found += [f"subset.txt's focus misses: {s}" for s in sorted(set(subset) - chosen)]
+        found += [f"subset.txt's focus also selects: {s}" for s in sorted(chosen - set(subset))]
     for problem in found:
         print(f"conformance: {problem}", file=sys.stderr)
     print(

@@ -34,7 +34,6 @@ from lab.conformance import (
     ListError,
     Skip,
     check,
-    go_quote_meta,
     read_skips,
     read_specs,
     skip_expression,
@@ -71,13 +70,6 @@ class SpecRun:
         skipped at run time)."""
         want = set(wanted)
         return tuple(r for r in self.results if r.spec in want and r.outcome is not Outcome.PASSED)
-
-
-def focus_on(specs: Sequence[str]) -> str:
-    """Return a --ginkgo.focus expression that selects exactly the specs named (full texts)."""
-    if not specs:
-        raise ValueError("no spec to focus on")
-    return "|".join(f"^{go_quote_meta(s)}$" for s in specs)
 
 
 def e2e_arguments(

@@ -24,8 +24,8 @@ from kubernetes import client as kclient
 from kubernetes.client.exceptions import ApiException
 
 from lab import binaries
-from lab.conformance import SUBSET_FILE, read_specs
-from lab.conformance_run import focus_on, run_specs
+from lab.conformance import SUBSET_FILE, focus_on, read_specs
+from lab.conformance_run import run_specs
 from lab.httpget import HttpResult, get_many
 from lab.realnodes import DEPLOY, NODELB_NAMESPACE, RealNodeCluster
 from lab.requestloop import RequestLoop, failed
