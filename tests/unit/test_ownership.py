@@ -904,42 +904,97 @@ def local_keys(world: World, result: Plan) -> set[tuple[IPFamily, bytes]]:
     return out
 
 
+def check_ip_step(world: World, before: Plan, after: Plan, changed: IPAddress) -> None:
+    """Assert that a step adding or removing `changed` moved no IP it may not move (the
+    property test_adding_and_removing_ips_never_moves_an_ip_that_stays states)."""
+    stay = {d.ip: d for d in after.ips if d.vrid is not None}
+    was = {d.ip: d for d in before.ips if d.vrid is not None and d.ip in stay}
+    moved = {ip for ip, d in was.items() if (d.vrid, d.holder) != (stay[ip].vrid, stay[ip].holder)}
+    in_buckets = bucketed(world, before) & bucketed(world, after)
+    assert not moved & in_buckets, sorted(moved & in_buckets)
+    if local_keys(world, before) == local_keys(world, after):
+        # The one move left: along its own chunked class, behind the IP that came or went.
+        # Two classes of a family never share a ranking (it starts with the class's holder
+        # and holds its eligible set), so the same family and ranking mean the same class.
+        home = group_of(before, changed) or group_of(after, changed)
+        for stayer in moved:
+            old, new = group_of(before, stayer), group_of(after, stayer)
+            assert old is not None and new is not None
+            assert old.ranking == new.ranking, (stayer, old, new)
+            assert home is not None, (stayer, changed)
+            assert (home.family, home.ranking) == (old.family, old.ranking), (stayer, home)
+            assert int(changed) < int(stayer), (stayer, changed)
+
+
 @settings(max_examples=100, deadline=None)
 @given(worlds(max_ips=40, vrid_sizes=st.integers(1, 255)), st.data())
 def test_adding_and_removing_ips_never_moves_an_ip_that_stays(
     world: World, data: st.DataObject
 ) -> None:
     """Random sequences of IPs added and removed (issue #18 item 3): an IP that is in the
-    plan before and after a step, unchanged itself, keeps its VRID and holder, always when
-    every eligible node may hold it (a bucket) and whenever the step leaves the set of Local
-    instances as it was (a new Local instance may displace another in its range: probing)."""
+    plan before and after a step, unchanged itself, keeps its VRID and holder always when
+    every eligible node may hold it (a bucket). When the step leaves the set of Local
+    instances as it was (a new Local instance may displace another in its range: probing),
+    a Local IP keeps its holder and backups, and its VRID too unless its class is over the
+    address cap and the IP added or removed is of that class and below it in address order.
+
+    Why that exception: a class over the cap is cut into chunks in address order, so such an
+    IP shifts the ones after it by one chunk, into another instance of the same class (same
+    ranking, another VRID). No plan that depends on the IPs alone can avoid it while a class
+    of n IPs takes ceil(n / cap) instances (docs/decisions.md, "A Local IP may shift one
+    chunk ..."). The examples after this test write out the case hypothesis found.
+    """
     names = [n.name for n in world.nodes]
     current = {u.ip: u for u in world.ips}
     before = plan(nodes=world.nodes, ips=current.values(), config=world.config)
     for _ in range(data.draw(st.integers(1, 12))):
         remove = data.draw(st.booleans())
+        changed: IPAddress
         if current and remove:
-            del current[data.draw(st.sampled_from(sorted(current, key=lambda a: (a.version, a))))]
+            changed = data.draw(st.sampled_from(sorted(current, key=lambda a: (a.version, a))))
+            del current[changed]
         else:
             v6 = data.draw(st.booleans())
-            ip: IPAddress = (
+            changed = (
                 ipaddress.IPv6Address("2001:db8::") + data.draw(st.integers(0, 2**96 - 1))
                 if v6
                 else ipaddress.IPv4Address("198.18.0.0") + data.draw(st.integers(0, 2**17 - 1))
             )
-            if ip in current:
+            if changed in current:
                 continue
-            current[ip] = data.draw(ip_uses(ip, names))
+            current[changed] = data.draw(ip_uses(changed, names))
         after = plan(nodes=world.nodes, ips=current.values(), config=world.config)
-        stay = {d.ip: d for d in after.ips if d.vrid is not None}
-        was = {d.ip: d for d in before.ips if d.vrid is not None and d.ip in stay}
-        moved = {
-            ip for ip, d in was.items() if (d.vrid, d.holder) != (stay[ip].vrid, stay[ip].holder)
-        }
-        in_buckets = bucketed(world, before) & bucketed(world, after)
-        assert not moved & in_buckets, sorted(moved & in_buckets)
-        if local_keys(world, before) == local_keys(world, after):
-            assert not moved, sorted(moved)
+        check_ip_step(world, before, after, changed)
+        before = after
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sets(st.integers(0, 63), min_size=3, max_size=16),
+    st.lists(st.integers(0, 63), min_size=1, max_size=12),
+    st.sets(st.sampled_from(NODE_NAMES[:4]), min_size=1),
+    st.integers(1, 3),
+    vrid_ranges(st.integers(1, 255)),
+)
+def test_ips_of_one_local_service_move_only_behind_the_ip_that_came_or_went(
+    start: set[int], toggles: list[int], pods: set[str], cap: int, vrids: VridRange
+) -> None:
+    """One Local Service whose IPs come and go one at a time, one to three addresses per
+    instance, so its classes are often past the cap: the property of
+    test_adding_and_removing_ips_never_moves_an_ip_that_stays, whose random worlds reach a
+    chunk shift in under one example in a hundred, here in about one in six (measured)."""
+    nodes = tuple(node(n) for n in NODE_NAMES[:4])
+    web = local("ns/web", *sorted(pods))
+    base = ipaddress.IPv4Address("198.19.8.0")
+    # check_ip_step reads only the config of its world.
+    world = World(nodes, (), OwnershipConfig(ipv4_vrids=vrids, ipv4_max_addresses=cap))
+    current = {base + o for o in start}
+    before = plan(nodes=nodes, ips=[use(ip, web) for ip in current], config=world.config)
+    for offset in toggles:
+        changed = base + offset
+        current ^= {changed}
+        after = plan(nodes=nodes, ips=[use(ip, web) for ip in current], config=world.config)
+        check_ip_step(world, before, after, changed)
         before = after
 
 
