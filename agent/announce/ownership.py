@@ -53,7 +53,9 @@ or leaving moves the buckets it wins or held, and a few others the load bound sh
 One advert lists all of its instance's addresses and must fit a 1500-byte frame, so an
 instance carries at most 255 IPv4 or 90 IPv6 addresses (configurable lower). A bucket over
 that keeps the lowest addresses and the rest are `VRID_EXHAUSTED`; a Local group over it is
-cut, in address order, into chunks that are instances of their own. A family holds at most
+cut, in address order, into chunks that are instances of their own, sharing the group's
+ranking: an IP joining or leaving it below others shifts them one chunk (another VRID, same
+holder and backups), which no cut made from the IPs alone avoids. A family holds at most
 (3V/4) × 255 IPv4 or × 90 IPv6 addresses in buckets.
 
 An IP alone in its instance has reason `ASSIGNED`; one sharing with others `VRID_SHARED`,
