@@ -176,6 +176,32 @@ def _element_key(elem: Any) -> tuple[IPAddress, int, int] | None:
     return ipaddress.ip_address(str(ip)), proto_n, port
 
 
+def kube_proxy_argv(
+    node: LabNode, *, kubeconfig: Path, cluster_cidrs: str, verbosity: int = 2
+) -> list[str]:
+    """Return kube-proxy's command line for `node`: nftables mode, no global sysctls.
+
+    Both labs run it so (ClusterLab with its own pods, the real-node lab beside kubelets).
+    """
+    return [
+        str(binaries.binary("kube-proxy")),
+        "--proxy-mode=nftables",
+        f"--hostname-override={node.name}",
+        f"--kubeconfig={kubeconfig}",
+        f"--cluster-cidr={cluster_cidrs}",
+        # 0 leaves each conntrack sysctl as it is: nothing outside the namespace changes.
+        "--conntrack-max-per-core=0",
+        "--conntrack-tcp-timeout-established=0",
+        "--conntrack-tcp-timeout-close-wait=0",
+        "--conntrack-udp-timeout=0",
+        "--conntrack-udp-timeout-stream=0",
+        f"--healthz-bind-address={node.ip4}:{KUBE_PROXY_HEALTHZ_PORT}",
+        f"--metrics-bind-address={KUBE_PROXY_METRICS}",
+        "--oom-score-adj=0",
+        f"--v={verbosity}",
+    ]
+
+
 class ClusterLab(ControlPlaneAccess, UpDown):
     """A lab with a control plane, registered Nodes, pod servers, kube-proxy and nodelb agents.
 
@@ -387,24 +413,8 @@ class ClusterLab(ControlPlaneAccess, UpDown):
                 raise
 
     def kube_proxy_argv(self, node: LabNode) -> list[str]:
-        """Return kube-proxy's command line for `node` (nftables mode, no global sysctls)."""
-        return [
-            str(binaries.binary("kube-proxy")),
-            "--proxy-mode=nftables",
-            f"--hostname-override={node.name}",
-            f"--kubeconfig={self.kubeconfig()}",
-            f"--cluster-cidr={CLUSTER_CIDRS}",
-            # 0 leaves each conntrack sysctl as it is: nothing outside the namespace changes.
-            "--conntrack-max-per-core=0",
-            "--conntrack-tcp-timeout-established=0",
-            "--conntrack-tcp-timeout-close-wait=0",
-            "--conntrack-udp-timeout=0",
-            "--conntrack-udp-timeout-stream=0",
-            f"--healthz-bind-address={node.ip4}:{KUBE_PROXY_HEALTHZ_PORT}",
-            f"--metrics-bind-address={KUBE_PROXY_METRICS}",
-            "--oom-score-adj=0",
-            "--v=2",
-        ]
+        """Return kube-proxy's command line for `node` in this lab."""
+        return kube_proxy_argv(node, kubeconfig=self.kubeconfig(), cluster_cidrs=CLUSTER_CIDRS)
 
     def _start_kube_proxies(self) -> None:
         for node in self.nodes:

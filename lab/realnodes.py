@@ -37,6 +37,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.model.net import IPAddress
 from lab import binaries, hoststate, images, netns, noderuntime
+from lab.cluster import kube_proxy_argv
 from lab.controlplane import DEFAULT_SERVICE_CIDR, ControlPlane, ControlPlaneAccess, tail
 from lab.kubelet import NODES_ROOT, NodePaths, kubelet_argv, kubelet_configuration
 from lab.lifecycle import UpDown
@@ -53,7 +54,6 @@ CLUSTER_DNS_IP = str(ipaddress.ip_network(DEFAULT_SERVICE_CIDR)[10])
 NODELB_NAMESPACE = "nodelb-system"
 # Pods in 198.19.<k>.0/24: the cluster CIDR stops below the outside network (198.19.200.0/24).
 CLUSTER_CIDRS = "198.19.0.0/17,2001:db8:1::/48"
-KUBE_PROXY_HEALTHZ_PORT = 10256
 CONTAINERD_TIMEOUT = 30.0
 NODE_READY_TIMEOUT = 120.0
 INSTALL_TIMEOUT = 240.0
@@ -479,22 +479,9 @@ class RealNodeCluster(ControlPlaneAccess, UpDown):
     def _start_kube_proxies(self) -> None:
         kubeconfig = self.controlplane.client_kubeconfig("kube-proxy", user="system:kube-proxy")
         for node in self.nodes:
-            argv = [
-                str(binaries.binary("kube-proxy")),
-                "--proxy-mode=nftables",
-                f"--hostname-override={node.name}",
-                f"--kubeconfig={kubeconfig}",
-                f"--cluster-cidr={CLUSTER_CIDRS}",
-                "--conntrack-max-per-core=0",
-                "--conntrack-tcp-timeout-established=0",
-                "--conntrack-tcp-timeout-close-wait=0",
-                "--conntrack-udp-timeout=0",
-                "--conntrack-udp-timeout-stream=0",
-                f"--healthz-bind-address={node.ip4}:{KUBE_PROXY_HEALTHZ_PORT}",
-                "--metrics-bind-address=127.0.0.1:10249",
-                "--oom-score-adj=0",
-                "--v=1",
-            ]
+            argv = kube_proxy_argv(
+                node, kubeconfig=kubeconfig, cluster_cidrs=CLUSTER_CIDRS, verbosity=1
+            )
             self._kube_proxies[node.name] = self.lab.spawn(
                 node.ns, argv, log_name=f"kube-proxy-{node.name}"
             )
