@@ -4,8 +4,8 @@ Each family of binaries lives in a cache directory keyed by what it is built fro
 `$NODELB_CACHE/<family>/<version>` (NODELB_CACHE defaults to `~/.cache/nodelb`), with the
 versions read from the repo's `versions.env`, the single place they are pinned; pause is keyed
 by a hash of its source, `lab/images/pause/pause.c`. An environment variable per family
-(NODELB_KUBE_BIN, NODELB_ETCD_BIN, NODELB_CONTAINERD_BIN, NODELB_RUNC_BIN, NODELB_PAUSE_BIN)
-names the directory instead when set.
+(NODELB_KUBE_BIN, NODELB_ETCD_BIN, NODELB_CONTAINERD_BIN, NODELB_RUNC_BIN, NODELB_PAUSE_BIN,
+NODELB_COREDNS_BIN) names the directory instead when set.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ ETCD_BINARIES = frozenset({"etcd"})
 CONTAINERD_BINARIES = frozenset({"containerd", "containerd-shim-runc-v2", "ctr"})
 RUNC_BINARIES = frozenset({"runc"})
 PAUSE_BINARIES = frozenset({"pause"})
+# The real-node lab's cluster DNS; nodes run it from an image (scripts/build-images.sh).
+COREDNS_BINARIES = frozenset({"coredns"})
 
 
 class BinaryMissing(FileNotFoundError):
@@ -79,6 +81,11 @@ def runc_version() -> str:
     return read_versions()["RUNC_VERSION"]
 
 
+def coredns_version() -> str:
+    """Return the pinned CoreDNS version, e.g. "v1.15.0"."""
+    return read_versions()["COREDNS_VERSION"]
+
+
 def pause_key(source: Path = PAUSE_SOURCE) -> str:
     """Return pause's cache key: the first 16 hex digits of its source's SHA-256.
 
@@ -123,6 +130,11 @@ def pause_bin_dir() -> Path:
     return _directory("NODELB_PAUSE_BIN", "pause", pause_key())
 
 
+def coredns_bin_dir() -> Path:
+    """Return the directory holding coredns."""
+    return _directory("NODELB_COREDNS_BIN", "coredns", coredns_version())
+
+
 def _pin(key: str) -> str:
     return f"{key} in versions.env"
 
@@ -147,6 +159,9 @@ def location(name: str) -> Location:
     if name in PAUSE_BINARIES:
         key = "the hash of lab/images/pause/pause.c"
         return Location(pause_bin_dir(), "NODELB_PAUSE_BIN", key, runtime)
+    if name in COREDNS_BINARIES:
+        key = _pin("COREDNS_VERSION")
+        return Location(coredns_bin_dir(), "NODELB_COREDNS_BIN", key, runtime)
     raise ValueError(f"unknown binary {name!r}")
 
 

@@ -40,7 +40,7 @@ STORAGE_DRIVER="${NODELB_STORAGE_DRIVER:-overlay}"
 # The binaries scripts/build-kube.sh and scripts/build-runtime.sh build (pause keyed, as there,
 # by the first 16 hex digits of its source's SHA-256).
 AGNHOST_BIN="${NODELB_AGNHOST_BIN:-$CACHE/k8s/$KUBE_VERSION/agnhost}"
-COREDNS_BIN="${NODELB_COREDNS_BIN:-$CACHE/coredns/$COREDNS_VERSION/coredns}"
+COREDNS_BIN="${NODELB_COREDNS_BIN:-$CACHE/coredns/$COREDNS_VERSION}/coredns"
 PAUSE_SRC="$ROOT/lab/images/pause/pause.c"
 PAUSE_BIN="${NODELB_PAUSE_BIN:-}"
 if [[ -z "$PAUSE_BIN" && -f "$PAUSE_SRC" ]]; then

@@ -20,6 +20,7 @@ FAMILY_VARS = (
     "NODELB_CONTAINERD_BIN",
     "NODELB_RUNC_BIN",
     "NODELB_PAUSE_BIN",
+    "NODELB_COREDNS_BIN",
 )
 ALL_BINARIES = (
     binaries.KUBE_BINARIES
@@ -27,6 +28,7 @@ ALL_BINARIES = (
     | binaries.CONTAINERD_BINARIES
     | binaries.RUNC_BINARIES
     | binaries.PAUSE_BINARIES
+    | binaries.COREDNS_BINARIES
 )
 
 
@@ -188,9 +190,10 @@ def test_every_known_binary_has_one_family() -> None:
             binaries.CONTAINERD_BINARIES,
             binaries.RUNC_BINARIES,
             binaries.PAUSE_BINARIES,
+            binaries.COREDNS_BINARIES,
         )
     ]
-    assert sum(sizes) == len(ALL_BINARIES) == 15
+    assert sum(sizes) == len(ALL_BINARIES) == 16
 
 
 def test_unknown_binary_names_are_refused() -> None:
@@ -237,6 +240,7 @@ def test_the_build_scripts_print_the_directories_binaries_looks_in(
         "CONTAINERD_BIN": str(binaries.containerd_bin_dir()),
         "RUNC_BIN": str(binaries.runc_bin_dir()),
         "PAUSE_BIN": str(binaries.pause_bin_dir()),
+        "COREDNS_BIN": str(binaries.coredns_bin_dir()),
     }
 
 
