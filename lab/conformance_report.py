@@ -135,7 +135,7 @@ def markdown(results: Sequence[SpecResult], record: RunRecord) -> str:
     lines = [
         "# Upstream conformance: the `[Feature:LoadBalancer]` e2e specs",
         "",
-        "Written by `make conformance` (`python -m lab.conformance run --record "
+        "Written by `make conformance` (`python -m lab.conformance_run --record "
         "docs/conformance.md`): every spec the Kubernetes e2e suite tags `[Feature:LoadBalancer]`,",
         "run by e2e.test from the real-node lab's outside network against three real kubelets",
         "with nodelb installed from deploy/. conformance/README.md says how the lists are kept,",
