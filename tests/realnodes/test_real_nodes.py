@@ -347,6 +347,15 @@ def test_the_upstream_load_balancer_specs_of_the_ci_subset_pass(
         f"\ne2e.test log: {run.log}"
     )
 
+    # The suite deletes its namespaces without waiting: the tests after this one change the
+    # cluster and measure every request, so they start once the specs' pods and Services are
+    # gone, not while the nodes still tear them down.
+    def namespaces_gone() -> bool:
+        items = real_cluster.get_json("/api/v1/namespaces")["items"]
+        return not any(ns["status"].get("phase") == "Terminating" for ns in items)
+
+    wait_until(namespaces_gone, 180.0, "the specs' namespaces to be deleted", interval=1.0)
+
 
 # -- changes to the cluster (last) -------------------------------------------------------------
 
