@@ -36,6 +36,7 @@ from agent.announce.inputs import OwnershipInput, peer_macs, peer_sources, speak
 from agent.announce.metrics import SpeakerMetrics
 from agent.announce.ownership import Plan, plan
 from agent.announce.settings import AnnounceSettings
+from agent.announce.speaker_cpu import CpuReason, choose_speaker_cpu
 from agent.announce.vrrp.config import SpeakerConfig
 from agent.announce.vrrp.control import InstanceStatus, SpeakerStatus
 from agent.announce.vrrp.process import SpeakerProcess
@@ -129,24 +130,39 @@ class Announcer:
         self.source4, self.link_local = interface_sources(self.settings.interface)
         self.mac = interface_mac(self.settings.interface)
         config = self._config(frozenset())
-        cpu = self.settings.speaker_cpu
+        allowed = frozenset(os.sched_getaffinity(0))
+        where = choose_speaker_cpu(self.settings.speaker_cpu, allowed)
         self._speaker = SpeakerProcess(
             config,
             workdir=self._workdir,
             rt_priority=self.settings.realtime_priority,
-            cpus=() if cpu is None else (cpu,),
+            cpus=() if where.cpu is None else (where.cpu,),
         )
         self._speaker.start()
-        if cpu is not None:
+        if where.agent_cpus:
             # Called from the main thread before the agent's other threads exist, so they
             # all inherit it: the agent's CPU work stays off the speaker's CPU.
-            others = os.sched_getaffinity(0) - {cpu}
-            if others:
-                os.sched_setaffinity(0, others)
+            os.sched_setaffinity(0, where.agent_cpus)
+        self._metrics.pinned_cpu.set(-1 if where.cpu is None else where.cpu)
         log.info(
             "speaker started",
-            extra={"pid": self._speaker.pid, "interface": self.settings.interface},
+            extra={
+                "pid": self._speaker.pid,
+                "interface": self.settings.interface,
+                "cpu": where.cpu,
+                "cpu_reason": str(where.reason),
+            },
         )
+        if where.reason is CpuReason.NOT_ALLOWED:
+            log.warning(
+                "announce.speakerCPU is not among the CPUs this agent may use; pinned to"
+                " the automatic choice instead",
+                extra={
+                    "configured": self.settings.speaker_cpu,
+                    "allowed": sorted(allowed),
+                    "cpu": where.cpu,
+                },
+            )
 
     def submit(self, inp: OwnershipInput, nodes: tuple[Node, ...]) -> None:
         """Hand over the latest ownership input (cheap; the thread plans)."""

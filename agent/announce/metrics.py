@@ -86,6 +86,12 @@ class SpeakerMetrics:
             " (real-time scheduling off, or refused by the node).",
             registry=registry,
         )
+        self.pinned_cpu = Gauge(
+            "nodelb_speaker_cpu",
+            "The CPU the VRRP speaker is pinned to (announce.speakerCPU); -1 when it is not"
+            " pinned.",
+            registry=registry,
+        )
         self._last: dict[tuple[int, tuple[str, ...]], int] = {}
         self._instances: set[tuple[str, str]] = set()
         self._pid: int | None = None

@@ -13,7 +13,9 @@
       gratuitous: {count: 5, spacingMs: 200, refreshSeconds: 60}  # 0 or null: no refresh
       reportNamespace: nodelb-system  # where each node's report Lease lives
       reportLeaseSeconds: 30
-      speakerCPU: null            # pin the speaker to this CPU and the agent to the others
+      speakerCPU: auto            # pin the speaker to this CPU and the agent to the others;
+                                  # auto: the highest CPU when there are two or more;
+                                  # null: no pinning (speaker_cpu.py says why)
       realtimePriority: 10        # SCHED_RR priority of the speaker; 0 = normal scheduling.
                                   # Needs CAP_SYS_NICE; refused, the speaker runs at normal
                                   # priority, logs why and reports 0 in
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.announce.ownership import OwnershipConfig, VridRange
+from agent.announce.speaker_cpu import AUTO, SpeakerCpuSetting
 from agent.announce.vrrp.codec import DEFAULT_CHECKSUM_MODE, ChecksumMode
 from agent.announce.vrrp.config import DEFAULT_REFRESH_S, GratuitousConfig
 from agent.model.config_values import (
@@ -90,7 +93,7 @@ class AnnounceSettings:
     report_lease_seconds: int = 30
     # On kernels without full preemption a long nft commit in the agent can delay the
     # speaker's timers when both share a CPU; pinning them apart keeps adverts on time.
-    speaker_cpu: int | None = None
+    speaker_cpu: SpeakerCpuSetting = AUTO
     # On by default: at normal priority a loaded node's timers ran up to 2.3 s late.
     realtime_priority: int = 10
     # Peers that are not nodelb (keepalived standing in as a backup): their adverts are
@@ -142,6 +145,19 @@ def _refresh(g: Mapping[str, Any], where: str) -> float | None:
     if value is None or (type(value) in (int, float) and value == 0):
         return None
     return number(g, "refreshSeconds", DEFAULT_REFRESH_S, where, lo=0.001, hi=86400)
+
+
+def _speaker_cpu(raw: Mapping[str, Any]) -> SpeakerCpuSetting:
+    """Return the speakerCPU setting: absent, "auto"; null, no pinning; else a CPU number."""
+    if "speakerCPU" not in raw:
+        return AUTO
+    if raw["speakerCPU"] == AUTO:
+        return AUTO
+    if raw["speakerCPU"] is None:
+        return None
+    if isinstance(raw["speakerCPU"], str):
+        raise wrong("announce.speakerCPU", 'a CPU number, "auto" or null', raw["speakerCPU"])
+    return optional_integer(raw, "speakerCPU", "announce.speakerCPU", lo=0, hi=4095)
 
 
 def _addresses(raw: Mapping[str, Any], key: str) -> frozenset[IPAddress]:
@@ -209,7 +225,7 @@ def _parse(raw: Mapping[str, Any]) -> AnnounceSettings:
             raw, "reportNamespace", "nodelb-system", "announce.reportNamespace"
         ),
         report_lease_seconds=whole("reportLeaseSeconds", 30, 2, 3600),
-        speaker_cpu=optional_integer(raw, "speakerCPU", "announce.speakerCPU", lo=0, hi=4095),
+        speaker_cpu=_speaker_cpu(raw),
         realtime_priority=whole("realtimePriority", 10, 0, 99),
         keepalived_peers=_addresses(raw, "keepalivedPeers"),
     )
