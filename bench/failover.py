@@ -24,7 +24,8 @@ would hit the same phase, just after node-1's first adverts, and bias the crash 
 Prints a table (p50 and max per implementation and scenario, and nodelb / keepalived ratios),
 then as its last line one JSON object with every figure.
 
-    .venv/bin/python -m bench.failover [--reps 10] [--workdir DIR (keep logs)]
+    .venv/bin/python -m bench.failover [--reps 10] [--interval-cs 10] [--request-timeout-ms 50]
+        [--workdir DIR (keep logs)]
 """
 
 from __future__ import annotations
@@ -84,8 +85,11 @@ while True:
 class Daemon:
     """One VRRP implementation on one node: start, crash, graceful stop."""
 
-    def __init__(self, lab: Lab, node: LabNode, priority: int, impl: str, run: int) -> None:
+    def __init__(
+        self, lab: Lab, node: LabNode, priority: int, impl: str, run: int, *, interval_cs: int
+    ) -> None:
         self.lab, self.node, self.priority, self.impl, self.run = lab, node, priority, impl, run
+        self.interval_cs = interval_cs
         self.speaker: SpeakerProcess | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.keepalived: Keepalived | None = None
@@ -97,7 +101,7 @@ class Daemon:
                 vrid=VRID,
                 family=4,
                 priority=self.priority,
-                advert_interval_cs=INTERVAL_CS,
+                advert_interval_cs=self.interval_cs,
                 addresses=(VIP,),
             )
             burst = GratuitousConfig(count=3, spacing_ms=0, arp_reply=False)
@@ -108,7 +112,7 @@ class Daemon:
             router_id=self.node.name,
             vrid=VRID,
             priority=self.priority,
-            advert_int=INTERVAL_CS / 100,
+            advert_int=self.interval_cs / 100,
             vips=(VIP,),
         )
         self.keepalived = start_keepalived(
@@ -180,13 +184,15 @@ def outage(
     return max(0.0, (max(gaps) - PERIOD) * 1000), lost
 
 
-def run_impl(lab: Lab, loop: subprocess.Popen[bytes], impl: str, reps: int) -> list[Sample]:
+def run_impl(
+    lab: Lab, loop: subprocess.Popen[bytes], impl: str, reps: int, interval_cs: int
+) -> list[Sample]:
     n1, n2 = lab.nodes
     samples: list[Sample] = []
     rng = random.Random(61)
     run = 0
-    first = Daemon(lab, n1, PRIORITIES[0], impl, run)
-    second = Daemon(lab, n2, PRIORITIES[1], impl, run)
+    first = Daemon(lab, n1, PRIORITIES[0], impl, run, interval_cs=interval_cs)
+    second = Daemon(lab, n2, PRIORITIES[1], impl, run, interval_cs=interval_cs)
     first.start()
     second.start()
     try:
@@ -194,7 +200,7 @@ def run_impl(lab: Lab, loop: subprocess.Popen[bytes], impl: str, reps: int) -> l
             for _ in range(reps):
                 since = time.monotonic()
                 wait_until(lambda s=since: answering(lab, loop, n1.name, s, 5), TIMEOUT, "node-1")  # type: ignore[misc]
-                time.sleep(0.2 + rng.uniform(0, INTERVAL_CS / 100))  # phase, see above
+                time.sleep(0.2 + rng.uniform(0, interval_cs / 100))  # phase, see above
                 event = time.monotonic()
                 if scenario == "crash":
                     first.crash()
@@ -206,7 +212,7 @@ def run_impl(lab: Lab, loop: subprocess.Popen[bytes], impl: str, reps: int) -> l
                 # Restore node-1 and let it preempt the VIP back.
                 revive(lab, n1)
                 run += 1
-                first = Daemon(lab, n1, PRIORITIES[0], impl, run)
+                first = Daemon(lab, n1, PRIORITIES[0], impl, run, interval_cs=interval_cs)
                 first.start()
     finally:
         first.close()
@@ -249,6 +255,14 @@ def table(samples: list[Sample]) -> tuple[str, dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.failover")
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--interval-cs", type=int, default=INTERVAL_CS, help="advert interval")
+    parser.add_argument(
+        "--request-timeout-ms",
+        type=float,
+        default=REQUEST_TIMEOUT * 1000,
+        help="the client's per-request timeout: a request sent into the outage costs up to"
+        " this much of the measured figure, so keep it below the advert interval",
+    )
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args(argv)
     if not os.access(KEEPALIVED, os.X_OK):
@@ -269,18 +283,23 @@ def main(argv: list[str] | None = None) -> int:
                 str(VIP),
                 str(PORT),
                 str(PERIOD),
-                str(REQUEST_TIMEOUT),
+                str(args.request_timeout_ms / 1000),
             ],
             log_name="client-loop",
         )
         wait_until(lambda: '"ready"' in lab.log_of(loop), TIMEOUT, "the client loop")
         samples: list[Sample] = []
         for impl in ("nodelb", "keepalived"):
-            samples += run_impl(lab, loop, impl, args.reps)
+            samples += run_impl(lab, loop, impl, args.reps, args.interval_cs)
         text, figures = table(samples)
     finally:
         lab.down()
-    figures |= {"reps": args.reps, "advert_interval_cs": INTERVAL_CS, "priorities": PRIORITIES}
+    figures |= {
+        "reps": args.reps,
+        "advert_interval_cs": args.interval_cs,
+        "request_timeout_ms": args.request_timeout_ms,
+        "priorities": PRIORITIES,
+    }
     figures["samples"] = [[s.impl, s.scenario, round(s.outage_ms, 1), s.lost] for s in samples]
     print(text)
     print(json.dumps(figures))
