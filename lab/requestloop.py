@@ -4,7 +4,7 @@
 connection to `ip:port` every `interval` seconds (each with `timeout`), reads the pod's one-line
 answer (lab.servers), or with `http_path` sends an HTTP/1.0 GET and takes a 200's body as the
 answer (agnhost netexec's /hostname on real nodes), and prints one JSON line per request:
-monotonic send time, ok or the failure. `stop()` ends it (SIGTERM, by PID) and returns the
+monotonic send and end times, ok or the failure. `stop()` ends it (SIGTERM, by PID) and returns the
 results; `outage()` is the longest stretch from the first failed request to the next answered
 one.
 """
@@ -15,11 +15,14 @@ import json
 import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.model.net import IPAddress
 from lab import netns
+from lab.vrrp_lab import neighbour_mac
 
 _SNIPPET = r"""
 import json, signal, socket, sys, time
@@ -57,6 +60,7 @@ while running:
     except OSError as e:
         out["ok"] = False
         out["error"] = type(e).__name__
+    out["end"] = time.monotonic()
     print(json.dumps(out), flush=True)
     time.sleep(max(0.0, interval - (time.monotonic() - start)))
 """
@@ -70,6 +74,7 @@ class Request:
     ok: bool
     pod: str
     error: str
+    end: float = 0.0  # when the answer or the failure came (CLOCK_MONOTONIC, as `t`)
 
 
 class RequestLoop:
@@ -124,7 +129,13 @@ class RequestLoop:
         for line in out.splitlines():
             raw = json.loads(line)
             results.append(
-                Request(raw["t"], bool(raw["ok"]), raw.get("pod", ""), raw.get("error", ""))
+                Request(
+                    raw["t"],
+                    bool(raw["ok"]),
+                    raw.get("pod", ""),
+                    raw.get("error", ""),
+                    raw.get("end", raw["t"]),
+                )
             )
         if self._log is not None:
             self._log.write_text(out)
@@ -149,3 +160,72 @@ def outage(requests: list[Request]) -> float:
 def failed(requests: list[Request]) -> int:
     """Return how many requests failed."""
     return sum(1 for r in requests if not r.ok)
+
+
+def unexplained_failures(
+    requests: list[Request], moves: list[tuple[float, float]], *, slack: float = 0.05
+) -> list[Request]:
+    """Return the failed requests that no move of the IP explains.
+
+    `moves` are windows (earliest, latest) in which the IP moved to another node as the
+    client's router sees it (its neighbour entry changed MAC), on CLOCK_MONOTONIC. A
+    connection in flight when the IP moves is lost by every L2 load balancer: its next packet
+    reaches a node with no conntrack entry for it (a reset, or a timeout). So a failed request
+    is explained when it was in flight during a move's window (widened by `slack` for the
+    sampling), and at most one per move: the loop is sequential, so only one request can be in
+    flight at a move; a second failure around the same move is a real outage.
+    """
+    unexplained: list[Request] = []
+    used: set[int] = set()
+    for r in requests:
+        if r.ok:
+            continue
+        hit = next(
+            (
+                i
+                for i, (lo, hi) in enumerate(moves)
+                if i not in used and r.t <= hi + slack and r.end >= lo - slack
+            ),
+            None,
+        )
+        if hit is None:
+            unexplained.append(r)
+        else:
+            used.add(hit)
+    return unexplained
+
+
+class NeighbourWatch:
+    """Sample which MAC a namespace (a client's router) has for an IP, to time the IP's moves.
+
+    `start()` samples every `period` seconds in a thread until `stop()`, which returns the
+    moves: one window (earliest, latest) on CLOCK_MONOTONIC per change from one MAC to
+    another, from the last sample that showed the old MAC to the first that showed the new.
+    """
+
+    def __init__(self, ns: str, ip: IPAddress, *, period: float = 0.02) -> None:
+        self._ns, self._ip, self._period = ns, ip, period
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._moves: list[tuple[float, float]] = []
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="neighbour-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        last: tuple[str, float] | None = None  # the MAC last seen, and when
+        while not self._stop.is_set():
+            mac = neighbour_mac(self._ns, self._ip)
+            now = time.monotonic()
+            if mac is not None:
+                if last is not None and mac != last[0]:
+                    self._moves.append((last[1], now))
+                last = (mac, now)
+            self._stop.wait(self._period)
+
+    def stop(self) -> list[tuple[float, float]]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        return list(self._moves)

@@ -28,7 +28,7 @@ from lab.conformance import SUBSET_FILE, focus_on, read_specs
 from lab.conformance_run import run_specs
 from lab.httpget import HttpResult, get_many
 from lab.realnodes import DEPLOY, NODELB_NAMESPACE, RealNodeCluster
-from lab.requestloop import RequestLoop, failed
+from lab.requestloop import NeighbourWatch, RequestLoop, unexplained_failures
 from lab.topology import OUTSIDE_CLIENT4
 from lab.wait import wait_until
 
@@ -360,11 +360,20 @@ def test_the_upstream_load_balancer_specs_of_the_ci_subset_pass(
 # -- changes to the cluster (last) -------------------------------------------------------------
 
 
-def test_a_rolling_update_of_the_agents_loses_no_request(
+def test_a_rolling_update_of_the_agents_loses_no_request_but_one_in_flight_at_a_move(
     real_cluster: RealNodeCluster, web: Web
 ) -> None:
+    """Every agent restarts in turn while a client outside sends a request every 50 ms.
+
+    The holder's agent resigns (its backup takes over within Skew_Time) and, restarted, may
+    take the IP back: each is a move of the IP, timed from the router's neighbour entry. A
+    connection in flight at that instant is lost, as with every L2 load balancer (the new
+    holder has no conntrack entry for it); nothing else may be (lab.requestloop's
+    `unexplained_failures`: at most the one in-flight request per move).
+    """
     ip = web.ips["web"]
     holder_of(real_cluster, ip)
+    watch = NeighbourWatch(real_cluster.router.ns, ip_address(ip))
     loop = RequestLoop(
         real_cluster.outside.ns,
         ip_address(ip),
@@ -373,6 +382,7 @@ def test_a_rolling_update_of_the_agents_loses_no_request(
         timeout=1.0,
         http_path="/hostname",
     )
+    watch.start()
     loop.start()
     try:
         patch = {
@@ -384,8 +394,11 @@ def test_a_rolling_update_of_the_agents_loses_no_request(
         real_cluster.wait_agents_ready()
     finally:
         requests = loop.stop()
+        moves = watch.stop()
     assert len(requests) > 100, f"the loop ran only {len(requests)} requests"
-    assert failed(requests) == 0, [r for r in requests if not r.ok][:10]
+    lost = [r for r in requests if not r.ok]
+    print(f"{len(requests)} requests, {len(lost)} failed, {len(moves)} moves of {ip}")
+    assert not unexplained_failures(requests, moves), (lost[:10], moves)
 
 
 def test_a_powered_off_holder_is_replaced_and_the_router_follows(
