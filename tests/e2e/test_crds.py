@@ -45,11 +45,12 @@ def api(controlplane: ControlPlane) -> Iterator[client.CustomObjectsApi]:
     admin = controlplane.api_client()
     ext = client.ApiextensionsV1Api(admin)
     for doc in crd_documents():
-        ext.create_custom_resource_definition(doc, _request_timeout=REQUEST_TIMEOUT)
+        ext.create_custom_resource_definition(doc, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]
 
     def established() -> bool:
         for doc in crd_documents():
             crd = ext.read_custom_resource_definition(doc["metadata"]["name"])
+            assert crd.status is not None
             conds = {c.type: c for c in (crd.status.conditions or [])}
             bad = conds.get("NonStructuralSchema") or conds.get("NamesAccepted")
             assert bad is None or bad.type != "NonStructuralSchema", bad.message
@@ -84,9 +85,10 @@ def policy(name: str, **spec: Any) -> dict[str, Any]:
 def create(api: client.CustomObjectsApi, obj: dict[str, Any], **kw: Any) -> dict[str, Any]:
     """Create `obj` (a pool or a policy) and return what the server stored."""
     plural = POOLS if obj["kind"] == "LoadBalancerIPPool" else POLICIES
-    stored: dict[str, Any] = api.create_cluster_custom_object(
+    stored = api.create_cluster_custom_object(
         GROUP, VERSION, plural, obj, _request_timeout=REQUEST_TIMEOUT, **kw
     )
+    assert isinstance(stored, dict)
     return stored
 
 
@@ -343,6 +345,7 @@ def test_the_controller_alone_writes_status_through_the_subresource(
     }
     stored["spec"]["autoAssign"] = False
     after = api.replace_cluster_custom_object_status(GROUP, VERSION, POOLS, "usage", stored)
+    assert isinstance(after, dict)
     assert after["status"]["ipv4"] == {"total": 4, "assigned": 1, "available": 3}
     assert after["spec"]["autoAssign"] is True  # the status write did not touch spec
     assert after["metadata"]["generation"] == 1
