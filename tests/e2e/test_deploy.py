@@ -327,6 +327,7 @@ class Access:
 
 AGENT, CONTROLLER = "nodelb-agent", "nodelb-controller"
 DISCOVERY, COORDINATION = "discovery.k8s.io", "coordination.k8s.io"
+NODELB = "nodelb.io"
 
 AUTHN, AUTHZ = "authentication.k8s.io", "authorization.k8s.io"
 READER_SA = "deploy-reader"
@@ -348,6 +349,7 @@ ACCESS = [
     *(Access(AGENT, v, "services") for v in ("list", "watch")),
     *(Access(AGENT, v, "endpointslices", group=DISCOVERY) for v in ("list", "watch")),
     *(Access(AGENT, v, "nodes") for v in ("get", "list", "watch")),
+    *(Access(AGENT, v, "loadbalancerippools", group=NODELB) for v in ("list", "watch")),
     *(Access(AGENT, v, "events", ns) for v in ("create", "patch") for ns in ("default", "shop")),
     *(
         Access(AGENT, v, "leases", NS, COORDINATION)
@@ -370,6 +372,13 @@ ACCESS = [
     Access(AGENT, "deletecollection", "leases", NS, COORDINATION, allowed=False),
     Access(AGENT, "create", "leases", "kube-system", COORDINATION, allowed=False),
     Access(AGENT, "create", "events", "default", "events.k8s.io", allowed=False),
+    # agent: pools are read only, and policies are not read at all yet
+    *(
+        Access(AGENT, v, "loadbalancerippools", group=NODELB, subresource=s, allowed=False)
+        for v in ("create", "update", "patch", "delete")
+        for s in ("", "status")
+    ),
+    Access(AGENT, "list", "announcementpolicies", group=NODELB, allowed=False),
     # controller: reads, status writes, the cleanup finalizer (patch, which the policy
     # nodelb-controller-services narrows to it), Events, leader and node-report Leases
     *(Access(CONTROLLER, v, "services") for v in ("list", "watch")),
@@ -381,6 +390,29 @@ ACCESS = [
     ),
     *(Access(CONTROLLER, v, "nodes") for v in ("list", "watch")),
     *(Access(CONTROLLER, v, "namespaces") for v in ("list", "watch")),
+    # pool objects: read them, write their status and nothing else of them
+    *(Access(CONTROLLER, v, "loadbalancerippools", group=NODELB) for v in ("list", "watch")),
+    Access(CONTROLLER, "patch", "loadbalancerippools", group=NODELB, subresource="status"),
+    *(
+        Access(CONTROLLER, v, "loadbalancerippools", group=NODELB, allowed=False)
+        for v in ("create", "update", "patch", "delete")
+    ),
+    Access(
+        CONTROLLER,
+        "update",
+        "loadbalancerippools",
+        group=NODELB,
+        subresource="status",
+        allowed=False,
+    ),
+    Access(CONTROLLER, "list", "announcementpolicies", group=NODELB, allowed=False),
+    Access(
+        CONTROLLER,
+        "create",
+        "customresourcedefinitions",
+        group="apiextensions.k8s.io",
+        allowed=False,
+    ),
     # what its Services' addresses can serve (agent/controller/servability.py)
     *(Access(CONTROLLER, v, "endpointslices", group=DISCOVERY) for v in ("list", "watch")),
     *(Access(CONTROLLER, v, "events", "shop") for v in ("create", "patch")),
