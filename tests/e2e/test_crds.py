@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,11 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from agent.controller.api import KubeControllerAPI
+from agent.controller.leader import ElectionTiming
+from agent.controller.loop import Controller, ControllerSettings
+from agent.kube.events import ListSink
+from lab import binaries, netns
 from lab.controlplane import ControlPlane
 from lab.wait import wait_until
 
@@ -349,3 +356,143 @@ def test_the_controller_alone_writes_status_through_the_subresource(
     assert after["status"]["ipv4"] == {"total": 4, "assigned": 1, "available": 3}
     assert after["spec"]["autoAssign"] is True  # the status write did not touch spec
     assert after["metadata"]["generation"] == 1
+
+
+# -- the controller with pool objects, against the real apiserver -----------------------------
+
+
+@pytest.fixture(scope="module")
+def controller(
+    api: client.CustomObjectsApi,
+    controlplane: ControlPlane,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Controller]:
+    """Run a controller whose config file has no pools: (so it watches pool objects) in a
+    thread, as the admin; stopped at the end of the module."""
+    admin = controlplane.api_client()
+    client.CoreV1Api(admin).create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=CONTROLLER_NS))
+    )
+    config = tmp_path_factory.mktemp("crd-controller") / "config.yaml"
+    config.write_text("serviceCIDRs: [198.18.128.0/20]\n")
+    settings = ControllerSettings(
+        namespace=CONTROLLER_NS,
+        identity="crd-test",
+        config_path=config,
+        election=ElectionTiming(lease_duration=15, renew_deadline=10.0, retry_period=1.0),
+        reload_period=1.0,
+    )
+    ctl = Controller(KubeControllerAPI(controlplane.api_client()), settings, events=EVENTS)
+    stop = threading.Event()
+    thread = threading.Thread(target=ctl.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_until(ctl.ready.is_set, 30.0, "the controller to become ready")
+        yield ctl
+    finally:
+        stop.set()
+        thread.join(timeout=20)
+
+
+CONTROLLER_NS = "nodelb-crd-test"
+EVENTS = ListSink()
+
+
+def read_pool(api: client.CustomObjectsApi, name: str) -> dict[str, Any]:
+    got = api.get_cluster_custom_object(GROUP, VERSION, POOLS, name)
+    assert isinstance(got, dict)
+    return got
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == kind:
+            return dict(c)
+    return {}
+
+
+def test_the_controller_allocates_from_a_pool_object_and_keeps_its_status(
+    api: client.CustomObjectsApi, controller: Controller, controlplane: ControlPlane
+) -> None:
+    create(api, pool("served", addresses=["198.18.120.0/30"]))
+    wait_until(
+        lambda: condition(read_pool(api, "served"), "Valid").get("status") == "True",
+        30.0,
+        "pool served to be Valid",
+    )
+    # Created in the same second, the two would tie on age and the name would decide; once
+    # served is in force, a newcomer overlapping it is the one refused, whatever its name.
+    create(api, pool("overlapping", addresses=["198.18.120.2-198.18.120.9"]))
+    core = client.CoreV1Api(controlplane.api_client())
+    core.create_namespaced_service(
+        "default",
+        client.V1Service(
+            # another test's pool exists too: this Service asks for this one by name
+            metadata=client.V1ObjectMeta(
+                name="crd-web", annotations={"nodelb.io/ip-pool": "served"}
+            ),
+            spec=client.V1ServiceSpec(
+                type="LoadBalancer", ports=[client.V1ServicePort(port=80, protocol="TCP")]
+            ),
+        ),
+    )
+
+    def ingress() -> list[str]:
+        svc: Any = core.read_namespaced_service("crd-web", "default")
+        lb = svc.status.load_balancer if svc.status else None
+        return [i.ip for i in (lb.ingress if lb else None) or [] if i.ip]
+
+    assert wait_until(ingress, 30.0, "an ingress IP from the pool object") == ["198.18.120.0"]
+
+    def used() -> dict[str, Any] | None:
+        obj = read_pool(api, "served")
+        usage = (obj.get("status") or {}).get("ipv4") or {}
+        return obj if usage.get("assigned") == 1 else None
+
+    served = wait_until(used, 30.0, "pool served to show one address assigned")
+    assert served["status"]["ipv4"] == {"total": 4, "assigned": 1, "available": 3}
+    assert condition(served, "Valid")["status"] == "True"
+    assert condition(served, "Exhausted")["status"] == "False"
+    refused = wait_until(
+        lambda: condition(read_pool(api, "overlapping"), "Valid") or None,
+        30.0,
+        "pool overlapping to get its Valid condition",
+    )
+    assert refused["status"] == "False" and refused["reason"] == "OverlapsPool"
+    assert "LoadBalancerIPPool served" in refused["message"]
+    # kubectl shows the usage at a glance (the printer columns)
+    shown = netns.run(
+        controlplane.ns,
+        [
+            str(binaries.binary("kubectl")),
+            f"--kubeconfig={controlplane.admin_kubeconfig()}",
+            "get",
+            "lbpool",
+        ],
+        check=True,
+        timeout=60,
+    ).stdout.splitlines()
+    rows = table(shown)
+    assert list(rows["served"]) == [
+        *("NAME", "VALID", "EXHAUSTED", "IPV4 ASSIGNED", "IPV4 AVAILABLE"),
+        *("IPV6 ASSIGNED", "IPV6 AVAILABLE", "AGE"),
+    ], shown
+    assert rows["served"]["VALID"] == "True" and rows["served"]["EXHAUSTED"] == "False"
+    assert (rows["served"]["IPV4 ASSIGNED"], rows["served"]["IPV4 AVAILABLE"]) == ("1", "3")
+    assert rows["served"]["IPV6 AVAILABLE"] == ""  # the pool has no IPv6 block
+    assert (rows["overlapping"]["VALID"], rows["overlapping"]["EXHAUSTED"]) == (
+        "False",
+        "Unknown",
+    )
+
+
+def table(lines: list[str]) -> dict[str, dict[str, str]]:
+    """Return kubectl's table by NAME, each row by column header (cut at the headers' starts)."""
+    header = lines[0]
+    starts = [m.start() for m in re.finditer(r"\S+(?: \S+)*", header)]
+    names = [header[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+    rows = {}
+    for line in lines[1:]:
+        cells = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+        rows[cells[0]] = dict(zip(names, cells, strict=True))
+    return rows
