@@ -444,17 +444,17 @@ def test_the_controller_allocates_from_a_pool_object_and_keeps_its_status(
 
     assert wait_until(ingress, 30.0, "an ingress IP from the pool object") == ["198.18.120.0"]
 
-    def used() -> dict[str, Any] | None:
+    def used() -> dict[str, Any]:
         obj = read_pool(api, "served")
         usage = (obj.get("status") or {}).get("ipv4") or {}
-        return obj if usage.get("assigned") == 1 else None
+        return obj if usage.get("assigned") == 1 else {}
 
     served = wait_until(used, 30.0, "pool served to show one address assigned")
     assert served["status"]["ipv4"] == {"total": 4, "assigned": 1, "available": 3}
     assert condition(served, "Valid")["status"] == "True"
     assert condition(served, "Exhausted")["status"] == "False"
     refused = wait_until(
-        lambda: condition(read_pool(api, "overlapping"), "Valid") or None,
+        lambda: condition(read_pool(api, "overlapping"), "Valid"),
         30.0,
         "pool overlapping to get its Valid condition",
     )
