@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -16,11 +15,7 @@ TIMEOUT = 60.0
 
 def helm_path() -> Path:
     """Return the pinned helm's path: $HELM, else the build script's cache directory."""
-    if env := os.environ.get("HELM"):
-        return Path(env)
-    version = binaries.read_versions(REPO / "versions-helm.env")["HELM_VERSION"]
-    cache = Path(os.environ.get("NODELB_CACHE", Path.home() / ".cache" / "nodelb"))
-    return cache / "helm" / version / "helm"
+    return binaries.pinned_tool("helm", versions="versions-helm.env", key="HELM_VERSION")
 
 
 def helm(*args: str) -> subprocess.CompletedProcess[str]:

@@ -17,12 +17,19 @@ export GOFLAGS="-buildvcs=false -mod=mod"
 export GOTOOLCHAIN=local
 export CGO_ENABLED=0
 
-log() { printf '[build-helm] %s\n' "$*" >&2; }
+BUILD_NAME=build-helm
+# shellcheck source=build-lib.sh
+source "$ROOT/scripts/build-lib.sh"
 
 if [[ -x "$OUT/helm" ]]; then
   log "helm $HELM_VERSION cached in $OUT"
 else
   log "building helm $HELM_VERSION (cold: takes a few minutes)"
+  lock_build "helm-$HELM_VERSION"  # worktrees share the cache: one build at a time
+  if [[ -x "$OUT/helm" ]]; then  # built by the holder of the lock meanwhile
+    printf 'HELM=%s\n' "$OUT/helm"
+    exit 0
+  fi
   work="$CACHE/build/helm-$HELM_VERSION"
   mkdir -p "$work" "$OUT"
   cd "$work"
@@ -40,11 +47,11 @@ package helmbuild
 
 import _ "helm.sh/helm/v4/cmd/helm"
 GO
-  go mod tidy
+  quiet go-mod-tidy.log go mod tidy
   # `helm version` reports what internal/version holds; set it as helm's own Makefile does.
   ld="-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION"
   ld+=" -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
-  go build -trimpath -ldflags "$ld" -o "$OUT/helm.tmp" helm.sh/helm/v4/cmd/helm
+  quiet go-build.log go build -trimpath -ldflags "$ld" -o "$OUT/helm.tmp" helm.sh/helm/v4/cmd/helm
   mv "$OUT/helm.tmp" "$OUT/helm"
 fi
 printf 'HELM=%s\n' "$OUT/helm"

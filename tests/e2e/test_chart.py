@@ -19,11 +19,10 @@ import pytest
 import yaml
 from kubernetes import client
 
-from lab import binaries
 from lab.controlplane import ControlPlane
 from lab.helm import ALL_VALUES, CHART, template
 from lab.wait import wait_until
-from tests.e2e.test_deploy import Kubectl
+from tests.e2e.conftest import Kubectl
 
 pytestmark = pytest.mark.e2e
 
@@ -33,20 +32,6 @@ ALL_NS = "lb"
 
 def docs(text: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(text) if d]
-
-
-@pytest.fixture(scope="module")
-def kubectl(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
-    cache = tmp_path_factory.mktemp("kubectl-cache")
-    return Kubectl(
-        controlplane.ns,
-        (
-            str(binaries.binary("kubectl")),
-            f"--kubeconfig={controlplane.admin_kubeconfig()}",
-            f"--cache-dir={cache}",
-            "--request-timeout=20s",
-        ),
-    )
 
 
 @pytest.fixture(scope="module")

@@ -35,10 +35,11 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.controller.finalizer import FINALIZER
 from agent.kube.node_report import report_body
-from lab import binaries, netns, readers
+from lab import netns, readers
 from lab.controlplane import ControlPlane
 from lab.topology import Lab
 from lab.wait import GiveUp, wait_until
+from tests.e2e.conftest import Kubectl
 
 pytestmark = pytest.mark.e2e
 
@@ -83,38 +84,6 @@ def refused(call: Callable[[], object]) -> ApiException:
     except ApiException as exc:
         return exc
     raise AssertionError("the request was expected to be refused but succeeded")
-
-
-@dataclass(frozen=True, slots=True)
-class Kubectl:
-    """The lab's kubectl, run inside the control-plane namespace as the admin user."""
-
-    ns: str
-    argv: tuple[str, ...]
-
-    def __call__(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        """Return the finished kubectl run (never raises on a non-zero exit)."""
-        return netns.run(self.ns, [*self.argv, *args], input=stdin, check=False, timeout=60)
-
-    def apply(self, text: str) -> None:
-        """Server-side apply `text` for real; fail the test with kubectl's stderr otherwise."""
-        done = self("apply", "--server-side", "--field-manager=deploy-test", "-f", "-", stdin=text)
-        assert done.returncode == 0, done.stderr
-
-
-@pytest.fixture(scope="module")
-def kubectl(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
-    """Return kubectl for the lab apiserver (its discovery cache in a temporary directory)."""
-    cache = tmp_path_factory.mktemp("kubectl-cache")
-    return Kubectl(
-        controlplane.ns,
-        (
-            str(binaries.binary("kubectl")),
-            f"--kubeconfig={controlplane.admin_kubeconfig()}",
-            f"--cache-dir={cache}",
-            f"--request-timeout={int(REQUEST_TIMEOUT)}s",
-        ),
-    )
 
 
 @pytest.fixture(scope="module")
