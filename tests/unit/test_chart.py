@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +166,11 @@ def test_bad_values_are_refused_naming_the_field(args: tuple[str, ...], says: st
     done = helm("template", "nodelb", str(CHART), *args)
     assert done.returncode != 0, f"accepted: {args}"
     assert says in done.stderr, done.stderr
+
+
+def test_the_chart_is_versioned_with_the_package_and_image() -> None:
+    """The chart, its appVersion and the image tag move together (one release, one number)."""
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert (chart["version"], chart["appVersion"], values["image"]["tag"]) == (version,) * 3
