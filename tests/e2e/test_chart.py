@@ -19,8 +19,9 @@ import pytest
 import yaml
 from kubernetes import client
 
+from lab import netns
 from lab.controlplane import ControlPlane
-from lab.helm import ALL_VALUES, CHART, template
+from lab.helm import ALL_VALUES, CHART, helm_path, template
 from lab.wait import wait_until
 from tests.e2e.conftest import Kubectl
 
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.e2e
 
 FOREIGN = frozenset({"ServiceMonitor", "PodMonitor", "PrometheusRule"})
 ALL_NS = "lb"
+INSTALL_NS = "lb-installed"
 
 
 def docs(text: str) -> list[dict[str, Any]]:
@@ -152,3 +154,59 @@ def test_the_charts_tokens_in_another_namespace_have_the_pool_access_documented(
         lambda: answer() is allowed, 10.0, f"{sa} {verb} pools/{subresource} = {allowed}"
     )
     assert got
+
+
+def test_helm_install_creates_the_crds_and_the_pool_objects(
+    controlplane: ControlPlane, kubectl: Kubectl
+) -> None:
+    """A real `helm install` (no nodes run the pods here): the CRDs go in first, so the pool
+    and policy objects of the same release are accepted; `helm uninstall` removes the
+    objects and, as helm does, leaves the CRDs."""
+    # The ClusterRoles have fixed names, so one release per cluster: the access tests above
+    # applied them outside helm, and helm refuses to adopt objects it did not make.
+    cleared = kubectl(
+        "delete", "clusterrole,clusterrolebinding", "-l", "app.kubernetes.io/name=nodelb"
+    )
+    assert cleared.returncode == 0, cleared.stderr
+    argv = [
+        str(helm_path()),
+        f"--kubeconfig={controlplane.admin_kubeconfig()}",
+    ]
+    install = netns.run(
+        controlplane.ns,
+        [
+            *argv,
+            "install",
+            "nodelb",
+            str(CHART),
+            "--namespace",
+            INSTALL_NS,
+            "--create-namespace",
+            "--set",
+            "namespace.create=false",
+            "-f",
+            str(ALL_VALUES),
+            *("--set", "metrics.serviceMonitor.enabled=false"),
+            *("--set", "metrics.podMonitor.enabled=false"),
+            *("--set", "metrics.prometheusRule.enabled=false"),
+        ],
+        check=False,
+        timeout=120,
+    )
+    assert install.returncode == 0, install.stderr
+    got = kubectl("get", "lbpool/web", "announcementpolicy/edge", "-o", "name")
+    assert got.stdout.split() == [
+        "loadbalancerippool.nodelb.io/web",
+        "announcementpolicy.nodelb.io/edge",
+    ], got.stderr
+    shown = kubectl("get", "-n", INSTALL_NS, "daemonset/nodelb-agent", "-o", "name")
+    assert shown.returncode == 0, shown.stderr
+    gone = netns.run(
+        controlplane.ns,
+        [*argv, "uninstall", "nodelb", "--namespace", INSTALL_NS, "--wait"],
+        check=False,
+        timeout=120,
+    )
+    assert gone.returncode == 0, gone.stderr
+    assert kubectl("get", "lbpool/web").returncode != 0
+    assert kubectl("get", "crd/loadbalancerippools.nodelb.io").returncode == 0
