@@ -74,7 +74,7 @@ from agent.controller.exhaustion import ExhaustionLimiter
 from agent.controller.finalizer import FinalizerChange, finalizer_patch
 from agent.controller.leader import ElectionTiming, LeaderElector
 from agent.controller.pool_keeper import PoolKeeper
-from agent.controller.pool_objects import PoolObject, parse_pool_object
+from agent.controller.pool_objects import PoolObject, PoolVerdictReason, parse_pool_object
 from agent.controller.reconcile import (
     BatchEnd,
     Labels,
@@ -522,6 +522,10 @@ class Controller:
         assert self._config is not None
         objects = self.pool_objects.items().values()
         pools = self._pools.resolve(objects, self._config.forbidden)
+        for reason in PoolVerdictReason:
+            if reason is not PoolVerdictReason.VALID:
+                count = sum(1 for v in self._pools.verdicts.values() if v.reason is reason)
+                metrics.POOL_OBJECTS_REFUSED.labels(reason.value).set(count)
         if self.elector.is_leader():
             for event in self._pools.events():
                 log.warning("pool %s: %s", event.ref.name, event.message)

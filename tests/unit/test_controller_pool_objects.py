@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client import REGISTRY
 
 from agent.kube.store import Change
 from tests.unit.controller_fakes import FakeServer
@@ -84,6 +85,10 @@ def test_a_pool_object_is_allocated_from_and_its_status_shows_usage(tmp_path: Pa
     assert "ipv4" not in server.pool_status["late"]  # nothing of it is in force
     warnings = sorted((e.ref.name, e.reason) for e in a.events.events if e.type == "Warning")
     assert warnings == [("late", "OverlapsPool"), ("svc", "OverlapsCluster")]
+    refused = "nodelb_pool_objects_refused"
+    assert REGISTRY.get_sample_value(refused, {"reason": "OverlapsPool"}) == 1.0
+    assert REGISTRY.get_sample_value(refused, {"reason": "OverlapsCluster"}) == 1.0
+    assert REGISTRY.get_sample_value(refused, {"reason": "InvalidSpec"}) == 0.0
     # Nothing changed: no write and no Event is repeated.
     writes = a.client.calls.count("patch_pool_status")
     events = len(a.events.events)
