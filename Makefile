@@ -5,6 +5,7 @@
 SHELL := /bin/bash
 include versions.env
 include versions-promtool.env
+include versions-helm.env
 
 PYTHON ?= python3
 VENV := .venv
@@ -17,6 +18,7 @@ ETCD_BIN := $(CACHE)/etcd/$(ETCD_VERSION)
 export NODELB_KUBE_BIN := $(KUBE_BIN)
 export NODELB_ETCD_BIN := $(ETCD_BIN)
 export PROMTOOL := $(CACHE)/promtool/$(PROMTOOL_VERSION)/promtool
+export HELM := $(CACHE)/helm/$(HELM_VERSION)/helm
 
 APT_PACKAGES := nftables libnftables1 python3-nftables iproute2 keepalived conntrack tcpdump \
 	socat iputils-ping arping ndisc6 openssl shellcheck procps
@@ -25,7 +27,7 @@ APT_PACKAGES := nftables libnftables1 python3-nftables iproute2 keepalived connt
 # the kubelets' pods get their network from the CNI plugins in /usr/lib/cni.
 APT_PACKAGES += libseccomp-dev pkg-config containernetworking-plugins
 
-.PHONY: test demo setup deps venv kube runtime promtool lint typecheck unit kernel e2e bench clean
+.PHONY: test demo setup deps venv kube runtime promtool helm lint typecheck unit kernel e2e bench clean
 
 test: setup conformance-build lint typecheck
 	$(VPY) -m pytest tests
@@ -34,7 +36,7 @@ demo: setup
 	@# builds the persistent lab (replacing a previous one) and leaves it up: `nodelb lab down`
 	$(VENV)/bin/nodelb lab demo
 
-setup: deps venv kube runtime promtool images
+setup: deps venv kube runtime promtool helm images
 
 # Debian packages: install only when one is missing, so a warm run does no apt work.
 deps:
@@ -73,6 +75,10 @@ runtime:
 promtool:
 	./scripts/build-promtool.sh >/dev/null
 
+# helm for the chart's checks (deploy/helm/nodelb; tests/unit/test_chart.py, tests/e2e/test_chart.py)
+helm:
+	./scripts/build-helm.sh >/dev/null
+
 # The upstream e2e suite, e2e.test, and the ginkgo CLI at KUBE_VERSION, for the
 # [Feature:LoadBalancer] specs (issue #14); then a ginkgo dry run (no cluster, no server) checks
 # that conformance/specs.txt is what the suite selects and that conformance/skip.txt skips
@@ -108,7 +114,7 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-unit: venv promtool
+unit: venv promtool helm
 	$(VPY) -m pytest tests/unit
 
 kernel: setup

@@ -342,8 +342,9 @@ def cmd_controller(args: argparse.Namespace) -> int:
         election=timing,
         config_map=args.config_map,
     )
-    # Four watches, the Lease, the status writers and the Event sender each hold a connection.
-    api = api_client(args.kubeconfig, pool_size=9 + settings.write_concurrency)
+    # Up to six watches (the pools' with pool objects), the Lease, the status writers and the
+    # Event sender each hold a connection.
+    api = api_client(args.kubeconfig, pool_size=10 + settings.write_concurrency)
     events = KubeEventSink(client.CoreV1Api(api), component="nodelb-controller", host=identity)
     controller = Controller(KubeControllerAPI(api), settings, events=events)
     stop = threading.Event()

@@ -62,6 +62,8 @@ class AgentConfig:
     local_cidrs: tuple[IPNetwork, ...] = ()  # empty: taken from the Node's spec.podCIDRs
     service_cidrs: tuple[IPNetwork, ...] = ()  # pools must not overlap them (controller)
     pools: tuple[Pool, ...] = ()
+    # No `pools:` key: the pools are LoadBalancerIPPool objects, watched (agent/node/pools.py).
+    pool_objects: bool = False
     serve_all_ips: bool = True  # hold every LoadBalancer IP (until election decides)
     sync: SyncTiming = field(default_factory=SyncTiming)
     metrics_address: str = DEFAULT_METRICS_ADDRESS
@@ -147,6 +149,7 @@ def parse_config(raw: Any) -> AgentConfig:
         local_cidrs=_networks(raw, "localCIDRs"),
         service_cidrs=_networks(raw, "serviceCIDRs"),
         pools=_pools(raw),
+        pool_objects=raw.get("pools") is None,
         serve_all_ips=boolean(raw, "serveAllIPs", True, "serveAllIPs"),
         sync=sync,
         metrics_address=_address(raw),

@@ -179,3 +179,14 @@ def binary(name: str) -> Path:
             f"{name} not found at {path} (directory from {origin}): run {where.build}"
         )
     return path
+
+
+def pinned_tool(name: str, *, versions: str, key: str) -> Path:
+    """Return where a tool built by scripts/build-<name>.sh lives: $<NAME> when set, else
+    <cache>/<name>/<version>/<name>, the version read as `key` from the repository's
+    `versions` file (promtool, helm)."""
+    if env := os.environ.get(name.upper()):
+        return Path(env)
+    version = read_versions(VERSIONS_FILE.parent / versions)[key]
+    cache = Path(os.environ.get("NODELB_CACHE", Path.home() / ".cache" / "nodelb"))
+    return cache / name / version / name

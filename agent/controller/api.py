@@ -34,6 +34,7 @@ from agent.kube.lists import ListFn, list_all
 from agent.kube.node_report import REPORT_LABEL, REPORT_LABEL_VALUE
 
 MERGE_PATCH = "application/merge-patch+json"
+POOL_GROUP, POOL_VERSION, POOL_PLURAL = "nodelb.io", "v1alpha1", "loadbalancerippools"
 
 
 class APIError(Exception):
@@ -75,6 +76,7 @@ class Watched:
     reports: ListFn  # node report Leases, in the controller's namespace
     slices: ListFn  # EndpointSlices: what the Services' addresses can serve
     nodes: ListFn  # which nodes exist (a report speaks only for one), and their labels
+    pools: ListFn | None = None  # LoadBalancerIPPool objects (when the file has no pools:)
 
 
 class LeaseAPI(Protocol):
@@ -127,6 +129,14 @@ class ControllerAPI(LeaseAPI, Protocol):
         """Return the list calls for the reflectors (node reports from `report_namespace`)."""
         ...
 
+    def patch_pool_status(self, name: str, status: dict[str, Any]) -> None:
+        """Replace a LoadBalancerIPPool's status (a merge patch of the status subresource).
+
+        Unguarded: only the leader writes pool status and each write is the whole status
+        computed from its own state, so a lost race is repaired by the next write.
+        """
+        ...
+
 
 class Clock(Protocol):
     """The two clocks the controller reads."""
@@ -168,6 +178,7 @@ class KubeControllerAPI:
         self._core = client.CoreV1Api(api_client)
         self._coord = client.CoordinationV1Api(api_client)
         self._discovery = client.DiscoveryV1Api(api_client)
+        self._custom = client.CustomObjectsApi(api_client)
 
     def list_services(self) -> list[dict[str, Any]]:
         with _as_api_error():
@@ -257,4 +268,22 @@ class KubeControllerAPI:
             ),
             slices=cast(ListFn, self._discovery.list_endpoint_slice_for_all_namespaces),
             nodes=cast(ListFn, self._core.list_node),
+            pools=cast(
+                ListFn,
+                functools.partial(
+                    self._custom.list_cluster_custom_object, POOL_GROUP, POOL_VERSION, POOL_PLURAL
+                ),
+            ),
         )
+
+    def patch_pool_status(self, name: str, status: dict[str, Any]) -> None:
+        with _as_api_error():
+            self._custom.patch_cluster_custom_object_status(
+                POOL_GROUP,
+                POOL_VERSION,
+                POOL_PLURAL,
+                name,
+                {"status": status},
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+            )

@@ -18,10 +18,10 @@ import enum
 import hashlib
 import ipaddress
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from agent.config import AgentConfig, ConfigError, parse_config
+from agent.config import AgentConfig, parse_config
 from agent.model.net import IPAddress, IPNetwork
 from agent.model.pools import Forbidden, PoolSet, parse_pools
 
@@ -30,10 +30,17 @@ REFUSED_RECHECK = 60.0  # seconds before unchanged refused content is checked ag
 
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
-    """The shared settings plus the validated pools (empty: allocate, with nothing to give)."""
+    """The shared settings plus the validated pools (empty: allocate, with nothing to give).
+
+    `pool_objects`: the file has no `pools:` key, so the pools are the LoadBalancerIPPool
+    objects (agent/controller/pool_objects.py); `pools` is then what they resolved to, and
+    `forbidden` what they must not overlap.
+    """
 
     agent: AgentConfig
     pools: PoolSet
+    pool_objects: bool = False
+    forbidden: Forbidden = field(default_factory=Forbidden)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,21 +140,20 @@ def parse_controller_config(
 ) -> ControllerConfig:
     """Return the validated controller config; ConfigError naming the key on any problem.
 
-    `pools` must be set: a controller without them would leave every new Service without an
-    address, an Event or a condition. `pools: []` says "allocate nothing" on purpose.
+    Without a `pools:` key the pools are the LoadBalancerIPPool objects (`pool_objects`,
+    with no pool until they are read); `pools: []` says "allocate nothing" on purpose.
     """
     agent = parse_config(raw)
-    if raw.get("pools") is None:
-        raise ConfigError(
-            "pools: not set; the controller allocates from pools (write `pools: []` to run "
-            "it with none)"
-        )
     pod_cidrs = agent.local_cidrs or cluster.pod_cidrs
     forbidden = Forbidden(
         node_addresses=cluster.node_addresses,
         pod_cidrs=pod_cidrs,
         service_cidrs=agent.service_cidrs,
     )
-    pools = parse_pools(raw["pools"], forbidden=forbidden)
-    assert pools is not None  # set: checked above
-    return ControllerConfig(agent=agent, pools=pools)
+    pools = parse_pools(raw.get("pools"), forbidden=forbidden)
+    return ControllerConfig(
+        agent=agent,
+        pools=pools or PoolSet(),
+        pool_objects=pools is None,
+        forbidden=forbidden,
+    )

@@ -39,6 +39,7 @@ rules in place; a change, or a report expiring, re-evaluates the Services using 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Iterable, Mapping
@@ -72,6 +73,8 @@ from agent.controller.config import (
 from agent.controller.exhaustion import ExhaustionLimiter
 from agent.controller.finalizer import FinalizerChange, finalizer_patch
 from agent.controller.leader import ElectionTiming, LeaderElector
+from agent.controller.pool_keeper import PoolKeeper
+from agent.controller.pool_objects import PoolObject, PoolVerdictReason, parse_pool_object
 from agent.controller.reconcile import (
     BatchEnd,
     Labels,
@@ -190,6 +193,10 @@ class Controller:
         self.slices: Store[SliceSummary] = Store(summarize_slice)
         self._slices_of: dict[str, dict[str, SliceSummary]] = {}  # by Service key, under _cond
         self.nodes: Store[Labels] = Store(node_labels)
+        # LoadBalancerIPPool objects: watched only when the file has no `pools:` (run()).
+        self.pool_objects: Store[PoolObject] = Store(parse_pool_object)
+        self._pools = PoolKeeper()
+        self._pools_changed = False
         self._refused_reports: frozenset[RefusedReport] = frozenset()
         self.ready = threading.Event()
         self.elector = LeaderElector(
@@ -202,6 +209,7 @@ class Controller:
             clock=self._clock,
         )
         watched = api.watched(report_namespace=settings.namespace)
+        self._pools_list = watched.pools
         self._reflectors: list[Reflector[Any]] = [
             Reflector(
                 name="services",
@@ -285,6 +293,12 @@ class Controller:
                     self._slices_of.pop(key, None)
         self._mark(keys)
 
+    def on_pools(self, changes: list[Change[PoolObject]]) -> None:
+        """Note that pool objects changed (reflector thread): resolved at the next step."""
+        with self._cond:
+            self._pools_changed = True
+            self._cond.notify()
+
     def _on_leadership(self, leading: bool) -> None:
         metrics.LEADER.set(1 if leading else 0)
         with self._cond:
@@ -314,6 +328,17 @@ class Controller:
             return
         self._next_reload = self._clock.monotonic() + self._settings.reload_period
         self._unready = "waiting for the Service, Namespace and report caches to sync"
+        if self._config is not None and self._config.pool_objects:
+            if self._pools_list is None:
+                raise RuntimeError("pool objects configured but the API has no pool list")
+            self._reflectors.append(
+                Reflector(
+                    name="pools",
+                    list_fn=self._pools_list,
+                    store=self.pool_objects,
+                    on_changes=self.on_pools,
+                )
+            )
         threads = [
             threading.Thread(target=r.run, args=(stop,), name=f"watch-{r.name}", daemon=True)
             for r in self._reflectors
@@ -347,6 +372,7 @@ class Controller:
         with self._cond:
             if not (
                 self._dirty
+                or self._pools_changed
                 or self._reports_changed
                 or self._leadership_changed
                 or self._completions
@@ -363,6 +389,7 @@ class Controller:
             keys, self._dirty = self._dirty, set()
             reports_changed, self._reports_changed = self._reports_changed, False
             self._leadership_changed = False
+            pools_changed, self._pools_changed = self._pools_changed, False
         self._finish_writes()
         now = self._clock.monotonic()
         if now >= self._next_reload:
@@ -370,6 +397,9 @@ class Controller:
             if self._load_config() and self._allocator is not None:
                 # Pools changed: rebuild from the API, keeping the reuse order of what was freed.
                 self._drop_allocator()
+            pools_changed = True  # the Nodes a pool must not overlap are read with the file
+        if pools_changed and self._config is not None and self._config.pool_objects:
+            self._resolve_pools()
         if not self.elector.is_leader():
             if self._allocator is not None:
                 log.info("not the leader any more; dropping allocation state")
@@ -435,6 +465,13 @@ class Controller:
             raw = parse_document(data, path or "the configuration")
             cluster = cluster_addresses(self._api.list_nodes())
             cfg = parse_controller_config(raw, cluster=cluster)
+            if self._config is not None and cfg.pool_objects != self._config.pool_objects:
+                raise ConfigError(
+                    "pools: switching between the file's pools and LoadBalancerIPPool objects "
+                    "takes a restart of the controller"
+                )
+            if self._config is not None and cfg.pool_objects:
+                cfg = dataclasses.replace(cfg, pools=self._config.pools)  # resolved in step()
         except ConfigError as exc:
             self._refuse(digest, str(exc), now=now, initial=initial)
             return False
@@ -477,6 +514,41 @@ class Controller:
             message = message[: EVENT_MESSAGE_MAX - 3] + "..."
         ref = ObjectRef("ConfigMap", self._settings.namespace, self._settings.config_map)
         self._events.record(Event(ref, kind, reason, message))
+
+    # -- pool objects ----------------------------------------------------------------------
+
+    def _resolve_pools(self) -> None:
+        """Resolve the pool objects; a change of the pools in force rebuilds the allocator."""
+        assert self._config is not None
+        objects = self.pool_objects.items().values()
+        pools = self._pools.resolve(objects, self._config.forbidden)
+        for reason in PoolVerdictReason:
+            if reason is not PoolVerdictReason.VALID:
+                count = sum(1 for v in self._pools.verdicts.values() if v.reason is reason)
+                metrics.POOL_OBJECTS_REFUSED.labels(reason.value).set(count)
+        if self.elector.is_leader():
+            for event in self._pools.events():
+                log.warning("pool %s: %s", event.ref.name, event.message)
+                self._events.record(event)
+        if pools == self._config.pools:
+            return
+        self._config = dataclasses.replace(self._config, pools=pools)
+        log.info("pools in force", extra={"pools": ", ".join(p.name for p in pools.pools)})
+        if self._allocator is not None:
+            self._drop_allocator()  # rebuilt from a fresh LIST at this step, as after a reload
+
+    def _write_pool_status(self) -> None:
+        """Write the status of every pool object whose usage or verdict changed (leader)."""
+        assert self._allocator is not None
+        held = list(self._allocator.allocations())
+        now = self._clock.wall().strftime("%Y-%m-%dT%H:%M:%SZ")
+        for name, status in self._pools.statuses(held, now=now):
+            try:
+                self._api.patch_pool_status(name, status)
+            except APIError as exc:
+                log.warning("pool %s: status not written (%s); retried later", name, exc)
+                continue
+            self._pools.written(name, status)
 
     # -- allocation ------------------------------------------------------------------------
 
@@ -691,7 +763,9 @@ class Controller:
         if now < self._next_metrics:
             return
         self._next_metrics = now + METRICS_PERIOD
-        assert self._allocator is not None
+        assert self._allocator is not None and self._config is not None
+        if self._config.pool_objects:
+            self._write_pool_status()  # usage walks every held address too
         held = list(self._allocator.allocations())
         for pool, family, size, used in pool_usage(self._allocator.pools, held):
             metrics.POOL_ADDRESSES.labels(pool, family).set(size)

@@ -60,3 +60,8 @@ CONFIG_REFUSED = Gauge(
     "nodelb_config_refused",
     "1 while the config file in place is refused (the previous config, or none, stays in force)",
 )
+POOL_OBJECTS_REFUSED = Gauge(
+    "nodelb_pool_objects_refused",
+    "LoadBalancerIPPool objects whose spec is not in force now, by the Valid condition's reason",
+    ["reason"],
+)

@@ -253,7 +253,18 @@ def _parse_one(i: int, item: Any, forbidden: Forbidden) -> AddressPool:
     name = item.get("name")
     if not isinstance(name, str) or not name.strip():
         raise PoolError(f"pools[{i}].name: expected a non-empty name, got {describe(name)}")
-    where = f"pools[{i}] ({name})"
+    return parse_pool(item, name=name, where=f"pools[{i}] ({name})", forbidden=forbidden)
+
+
+def parse_pool(
+    item: Mapping[str, Any], *, name: str, where: str, forbidden: Forbidden
+) -> AddressPool:
+    """Return one validated pool from its keys (a `pools:` entry, or a pool object's spec).
+
+    `where` prefixes every error ("pools[0] (main)", "LoadBalancerIPPool main: spec"), so the
+    message names the object and the field. Raises PoolError, or ConfigError for a value of
+    the wrong type.
+    """
     unknown = set(item) - _POOL_KEYS
     if unknown:
         raise PoolError(f"{where}: unknown keys {', '.join(sorted(unknown))}")

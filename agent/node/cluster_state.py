@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.announce.inputs import OwnershipIndex, OwnershipInput, OwnershipView, ownership_view
-from agent.config import AgentConfig
+from agent.config import AgentConfig, Pool
 from agent.kube.node_report import PeerReport
 from agent.kube.store import Change
 from agent.model.desired_state import DesiredState, FrontendKey
@@ -65,6 +65,7 @@ class Changes:
     slices: Sequence[Change[Slice | BadSlice]] = ()
     nodes: Sequence[Change[Node]] = ()
     reports: Sequence[Change[ReportSources]] = ()
+    pools: Sequence[Change[Pool]] = ()  # LoadBalancerIPPool objects (agent/node/pools.py)
     held: bool = False  # the addresses the announcer holds changed
 
 
@@ -192,6 +193,7 @@ class ClusterState:
         self._health_served: dict[int, HealthAnswer] = {}  # by port, as last returned
         self._reports: dict[str, ReportSources] = {}  # by Lease key
         self._api_addresses = api_addresses
+        self._object_pools: dict[str, Pool] = {}  # by object name, when pools are objects
         self._hold = HoldPolicy(
             allowed=tuple(n for p in cfg.pools for n in p.networks) + cfg.external_ip_cidrs,
             reserved=self._reserved(),
@@ -209,6 +211,8 @@ class ClusterState:
         if changes.slices:
             keys |= self.cache.on_slices(changes.slices)
         mine = bool(changes.nodes) and self.cache.on_nodes(changes.nodes)
+        if changes.pools:
+            mine |= self._on_pools(changes.pools)
         if changes.nodes or API_SERVICE in keys:
             # Which addresses are taken moved: every Service's ingress IPs are checked again
             # (rare: a Node's addresses or pod CIDRs, or the API servers, changed).
@@ -230,6 +234,23 @@ class ClusterState:
         others = bool(changes.nodes) and self._announcing
         sync = bool(changes.services or changes.slices or changes.held or mine or others)
         return Dirty(frozenset(keys), everything=mine, sync=sync, reported=reported)
+
+    def _on_pools(self, changes: Sequence[Change[Pool]]) -> bool:
+        """Record pool objects; return True when the servable blocks changed (every Service's
+        ingress IPs and externalIPs are checked again)."""
+        for c in changes:
+            if c.new is None:
+                self._object_pools.pop(c.key, None)
+            else:
+                self._object_pools[c.key] = c.new
+        networks = tuple(
+            n for p in (*self._cfg.pools, *self._object_pools.values()) for n in p.networks
+        )
+        if networks == self._policy.pool_networks:
+            return False
+        self._policy = dataclasses.replace(self._policy, pool_networks=networks)
+        self._hold = dataclasses.replace(self._hold, allowed=networks + self._cfg.external_ip_cidrs)
+        return True
 
     def _reserved(self) -> Reserved:
         """Return the addresses this agent can see are taken (agent/node/holdable.py)."""

@@ -9,6 +9,7 @@ announcer, the Event sink, the health check listeners and the metrics. It decide
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import threading
@@ -41,6 +42,7 @@ from agent.node.cluster_state import (
     ProblemReport,
 )
 from agent.node.health_answers import HealthAnswer
+from agent.node.pools import pool_of_object
 from agent.node.schedule import SyncSchedule
 from agent.node.service_frontends import Problem
 from agent.node.status_document import status_document, to_document
@@ -84,6 +86,7 @@ class ListFns:
     slices: ListFn
     nodes: ListFn
     reports: ListFn | None = None  # node report Leases (the announcer's peers), when announcing
+    pools: ListFn | None = None  # LoadBalancerIPPool objects, when the config has no pools:
 
 
 def list_fns(api: Any) -> ListFns:
@@ -94,6 +97,15 @@ def list_fns(api: Any) -> ListFns:
         services=cast(ListFn, core.list_service_for_all_namespaces),
         slices=cast(ListFn, discovery.list_endpoint_slice_for_all_namespaces),
         nodes=cast(ListFn, core.list_node),
+        pools=cast(
+            ListFn,
+            functools.partial(
+                client.CustomObjectsApi(api).list_cluster_custom_object,
+                "nodelb.io",
+                "v1alpha1",
+                "loadbalancerippools",
+            ),
+        ),
     )
 
 
@@ -198,6 +210,11 @@ class Agent:
             ("endpointslices", self._lists.slices, slices, lambda c: self.apply(Changes(slices=c))),
             ("nodes", self._lists.nodes, nodes, lambda c: self.apply(Changes(nodes=c))),
         ]
+        if self.cfg.pool_objects and self._lists.pools is not None:
+            pools = Store(pool_of_object)
+            wiring.append(
+                ("pools", self._lists.pools, pools, lambda c: self.apply(Changes(pools=c)))
+            )
         if self._announcer is not None and self._lists.reports is not None:
             reports = Store(report_sources)
             wiring.append(

@@ -12,11 +12,14 @@ plane, kube-proxy and agent log are printed at the end of the run (the files are
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from lab import binaries, netns
 from lab.cluster import ClusterLab
 from lab.controlplane import ControlPlane
 from lab.topology import Host, Lab, LabSpec
@@ -81,3 +84,35 @@ def cluster(
     pytestconfig.stash.setdefault(LOGS, []).extend(lab.logs)
     with lab:
         yield lab
+
+
+@dataclass(frozen=True, slots=True)
+class Kubectl:
+    """The lab's kubectl, run inside the control-plane namespace as the admin user."""
+
+    ns: str
+    argv: tuple[str, ...]
+
+    def __call__(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Return the finished kubectl run (never raises on a non-zero exit)."""
+        return netns.run(self.ns, [*self.argv, *args], input=stdin, check=False, timeout=60)
+
+    def apply(self, text: str) -> None:
+        """Server-side apply `text` for real; fail the test with kubectl's stderr otherwise."""
+        done = self("apply", "--server-side", "--field-manager=deploy-test", "-f", "-", stdin=text)
+        assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture(scope="module")
+def kubectl(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
+    """Return kubectl for the lab apiserver (its discovery cache in a temporary directory)."""
+    cache = tmp_path_factory.mktemp("kubectl-cache")
+    return Kubectl(
+        controlplane.ns,
+        (
+            str(binaries.binary("kubectl")),
+            f"--kubeconfig={controlplane.admin_kubeconfig()}",
+            f"--cache-dir={cache}",
+            "--request-timeout=10s",
+        ),
+    )

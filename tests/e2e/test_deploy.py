@@ -35,10 +35,11 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.controller.finalizer import FINALIZER
 from agent.kube.node_report import report_body
-from lab import binaries, netns, readers
+from lab import netns, readers
 from lab.controlplane import ControlPlane
 from lab.topology import Lab
 from lab.wait import GiveUp, wait_until
+from tests.e2e.conftest import Kubectl
 
 pytestmark = pytest.mark.e2e
 
@@ -83,38 +84,6 @@ def refused(call: Callable[[], object]) -> ApiException:
     except ApiException as exc:
         return exc
     raise AssertionError("the request was expected to be refused but succeeded")
-
-
-@dataclass(frozen=True, slots=True)
-class Kubectl:
-    """The lab's kubectl, run inside the control-plane namespace as the admin user."""
-
-    ns: str
-    argv: tuple[str, ...]
-
-    def __call__(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        """Return the finished kubectl run (never raises on a non-zero exit)."""
-        return netns.run(self.ns, [*self.argv, *args], input=stdin, check=False, timeout=60)
-
-    def apply(self, text: str) -> None:
-        """Server-side apply `text` for real; fail the test with kubectl's stderr otherwise."""
-        done = self("apply", "--server-side", "--field-manager=deploy-test", "-f", "-", stdin=text)
-        assert done.returncode == 0, done.stderr
-
-
-@pytest.fixture(scope="module")
-def kubectl(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Kubectl:
-    """Return kubectl for the lab apiserver (its discovery cache in a temporary directory)."""
-    cache = tmp_path_factory.mktemp("kubectl-cache")
-    return Kubectl(
-        controlplane.ns,
-        (
-            str(binaries.binary("kubectl")),
-            f"--kubeconfig={controlplane.admin_kubeconfig()}",
-            f"--cache-dir={cache}",
-            f"--request-timeout={int(REQUEST_TIMEOUT)}s",
-        ),
-    )
 
 
 @pytest.fixture(scope="module")
@@ -327,6 +296,7 @@ class Access:
 
 AGENT, CONTROLLER = "nodelb-agent", "nodelb-controller"
 DISCOVERY, COORDINATION = "discovery.k8s.io", "coordination.k8s.io"
+NODELB = "nodelb.io"
 
 AUTHN, AUTHZ = "authentication.k8s.io", "authorization.k8s.io"
 READER_SA = "deploy-reader"
@@ -348,6 +318,7 @@ ACCESS = [
     *(Access(AGENT, v, "services") for v in ("list", "watch")),
     *(Access(AGENT, v, "endpointslices", group=DISCOVERY) for v in ("list", "watch")),
     *(Access(AGENT, v, "nodes") for v in ("get", "list", "watch")),
+    *(Access(AGENT, v, "loadbalancerippools", group=NODELB) for v in ("list", "watch")),
     *(Access(AGENT, v, "events", ns) for v in ("create", "patch") for ns in ("default", "shop")),
     *(
         Access(AGENT, v, "leases", NS, COORDINATION)
@@ -370,6 +341,13 @@ ACCESS = [
     Access(AGENT, "deletecollection", "leases", NS, COORDINATION, allowed=False),
     Access(AGENT, "create", "leases", "kube-system", COORDINATION, allowed=False),
     Access(AGENT, "create", "events", "default", "events.k8s.io", allowed=False),
+    # agent: pools are read only, and policies are not read at all yet
+    *(
+        Access(AGENT, v, "loadbalancerippools", group=NODELB, subresource=s, allowed=False)
+        for v in ("create", "update", "patch", "delete")
+        for s in ("", "status")
+    ),
+    Access(AGENT, "list", "announcementpolicies", group=NODELB, allowed=False),
     # controller: reads, status writes, the cleanup finalizer (patch, which the policy
     # nodelb-controller-services narrows to it), Events, leader and node-report Leases
     *(Access(CONTROLLER, v, "services") for v in ("list", "watch")),
@@ -381,6 +359,29 @@ ACCESS = [
     ),
     *(Access(CONTROLLER, v, "nodes") for v in ("list", "watch")),
     *(Access(CONTROLLER, v, "namespaces") for v in ("list", "watch")),
+    # pool objects: read them, write their status and nothing else of them
+    *(Access(CONTROLLER, v, "loadbalancerippools", group=NODELB) for v in ("list", "watch")),
+    Access(CONTROLLER, "patch", "loadbalancerippools", group=NODELB, subresource="status"),
+    *(
+        Access(CONTROLLER, v, "loadbalancerippools", group=NODELB, allowed=False)
+        for v in ("create", "update", "patch", "delete")
+    ),
+    Access(
+        CONTROLLER,
+        "update",
+        "loadbalancerippools",
+        group=NODELB,
+        subresource="status",
+        allowed=False,
+    ),
+    Access(CONTROLLER, "list", "announcementpolicies", group=NODELB, allowed=False),
+    Access(
+        CONTROLLER,
+        "create",
+        "customresourcedefinitions",
+        group="apiextensions.k8s.io",
+        allowed=False,
+    ),
     # what its Services' addresses can serve (agent/controller/servability.py)
     *(Access(CONTROLLER, v, "endpointslices", group=DISCOVERY) for v in ("list", "watch")),
     *(Access(CONTROLLER, v, "events", "shop") for v in ("create", "patch")),

@@ -49,6 +49,7 @@ class FakeServer:
     services: dict[str, dict[str, Any]] = field(default_factory=dict)
     nodes: list[dict[str, Any]] = field(default_factory=list)
     leases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pool_status: dict[str, dict[str, Any]] = field(default_factory=dict)  # by pool name
     log: list[Request] = field(default_factory=list)
     duplicates: list[str] = field(default_factory=list)
     # Called with (client, verb, key) before a write is applied: lets a test run another
@@ -298,7 +299,11 @@ class FakeClient:
         return result == "ok"
 
     def watched(self, *, report_namespace: str) -> Watched:
-        return Watched(_no_watch, _no_watch, _no_watch, _no_watch, _no_watch)
+        return Watched(_no_watch, _no_watch, _no_watch, _no_watch, _no_watch, _no_watch)
+
+    def patch_pool_status(self, name: str, status: dict[str, Any]) -> None:
+        self._reach("patch_pool_status")
+        self.server.pool_status[name] = copy.deepcopy(status)
 
 
 def _patched(result: str, version: str) -> Patched:

@@ -200,8 +200,6 @@ def test_a_value_of_the_wrong_type_is_refused_naming_its_key(case: Expected) -> 
             ("metricsAddress",),
             id="a port out of range",
         ),
-        pytest.param({"sync": {}}, ("pools: not set", "pools: []"), id="pools unset"),
-        pytest.param({"pools": None}, ("pools: not set",), id="pools null"),
     ],
 )
 def test_the_reported_cases_are_refused_with_the_key_and_type(
@@ -357,3 +355,15 @@ def test_valid_documents_round_trip(document: dict[str, Any]) -> None:
         (p["name"], tuple(ipaddress.ip_network(a) for a in p["addresses"]))
         for p in document["pools"]
     ]
+
+
+@pytest.mark.parametrize(
+    "document",
+    [pytest.param({"sync": {}}, id="pools unset"), pytest.param({"pools": None}, id="pools null")],
+)
+def test_without_pools_the_controller_reads_pool_objects(document: Any) -> None:
+    """No `pools:` key: the pools are LoadBalancerIPPool objects (none until they are read),
+    not a refusal; `pools: []` stays "allocate nothing" from the file."""
+    cfg = load(document)
+    assert cfg.pool_objects and cfg.pools.pools == ()
+    assert not load({"pools": []}).pool_objects

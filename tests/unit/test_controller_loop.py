@@ -612,7 +612,6 @@ def test_a_wrongly_typed_reload_is_refused_once_with_an_event_and_the_old_pools_
     ("text", "why"),
     [
         pytest.param("", "the configuration is empty", id="an empty file"),
-        pytest.param("sync: {}\n", "pools: not set", id="pools unset"),
         pytest.param(
             "pools: [{name: p, addresses: [198.19.0.0/24], 3: x}]\n",
             "keys must be strings",

@@ -346,6 +346,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[Rule]] = {
     ("ClusterRole", "nodelb-agent"): triples("", "services", "list watch")
     | triples("discovery.k8s.io", "endpointslices", "list watch")
     | triples("", "nodes", "get list watch")
+    | triples("nodelb.io", "loadbalancerippools", "list watch")
     | triples("", "events", "create patch")
     | REVIEWS,
     # Which Leases each agent writes is the admission policy nodelb-leases' job.
@@ -357,6 +358,8 @@ EXPECTED_RULES: dict[tuple[str, str], set[Rule]] = {
     ("ClusterRole", "nodelb-controller"): triples("", "services", "list watch patch")
     | triples("", "services/status", "get update patch")
     | triples("", "nodes", "list watch")
+    | triples("nodelb.io", "loadbalancerippools", "list watch")
+    | triples("nodelb.io", "loadbalancerippools/status", "patch")
     | triples("", "namespaces", "list watch")
     | triples("discovery.k8s.io", "endpointslices", "list watch")
     | triples("", "events", "create patch")

@@ -84,11 +84,9 @@ _HISTOGRAM_SUFFIX = re.compile(r"_(bucket|count|sum)$")
 
 def promtool_path() -> Path:
     """Return the pinned promtool's path: $PROMTOOL, else the build script's cache directory."""
-    if env := os.environ.get("PROMTOOL"):
-        return Path(env)
-    version = binaries.read_versions(REPO / "versions-promtool.env")["PROMTOOL_VERSION"]
-    cache = Path(os.environ.get("NODELB_CACHE", Path.home() / ".cache" / "nodelb"))
-    return cache / "promtool" / version / "promtool"
+    return binaries.pinned_tool(
+        "promtool", versions="versions-promtool.env", key="PROMTOOL_VERSION"
+    )
 
 
 @pytest.fixture(scope="module")
