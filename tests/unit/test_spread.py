@@ -1,0 +1,78 @@
+"""The spread table: deterministic, weighted, and stable when a node leaves."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from agent.node.spread import BUCKETS, bucket_marks, bucket_table
+
+
+def shares(table: tuple[str, ...]) -> Counter[str]:
+    return Counter(table)
+
+
+def test_every_agent_computes_the_same_table_whatever_the_order_it_lists_nodes_in() -> None:
+    weights = {f"node-{i}": i % 4 + 1 for i in range(7)}
+    first = bucket_table(weights)
+    items = list(weights.items())
+    for seed in range(20):
+        random.Random(seed).shuffle(items)
+        assert bucket_table(dict(items)) == first
+    assert len(first) == BUCKETS
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [
+        pytest.param({"a": 1, "b": 1}, id="two nodes with one endpoint each split evenly"),
+        pytest.param({"a": 1, "b": 2, "c": 3}, id="one, two and three endpoints"),
+        pytest.param({"a": 1, "b": 9}, id="a small node next to a big one"),
+        pytest.param({f"n{i}": 1 for i in range(12)}, id="twelve equal nodes"),
+        pytest.param({"a": 5}, id="a single node owns everything"),
+    ],
+)
+def test_each_node_owns_buckets_in_proportion_to_its_endpoints(weights: dict[str, int]) -> None:
+    table = bucket_table(weights)
+    total = sum(weights.values())
+    got = shares(table)
+    wrong = {
+        n: (got[n], BUCKETS * w / total)
+        for n, w in weights.items()
+        if abs(got[n] - BUCKETS * w / total) > 1.0
+    }
+    assert not wrong, f"owned buckets vs exact share: {wrong}"
+
+
+def test_nodes_without_endpoints_own_nothing_and_no_nodes_means_no_table() -> None:
+    assert "b" not in bucket_table({"a": 2, "b": 0, "c": 1})
+    assert bucket_table({"a": 0, "b": -1}) == ()
+    assert bucket_table({}) == ()
+
+
+def test_too_few_buckets_for_the_nodes_is_refused_with_a_reason() -> None:
+    with pytest.raises(ValueError, match="cannot be shared"):
+        bucket_table({f"n{i}": 1 for i in range(5)}, size=5)
+
+
+@pytest.mark.parametrize("nodes", [3, 5, 8])
+def test_a_node_leaving_moves_mostly_its_own_buckets(nodes: int) -> None:
+    weights = {f"node-{i}": 2 for i in range(nodes)}
+    before = bucket_table(weights)
+    gone = "node-1"
+    after = bucket_table({n: w for n, w in weights.items() if n != gone})
+    assert gone not in after
+    kept = [b for b, n in enumerate(before) if n != gone]
+    moved = [b for b in kept if after[b] != before[b]]
+    # Maglev is near-minimal, not minimal, at 61 buckets: 2 to 8 of ~50 measured (3-12 nodes).
+    assert len(moved) <= len(kept) // 6, f"{len(moved)} of {len(kept)} survivors' buckets moved"
+
+
+def test_bucket_marks_send_own_buckets_home_and_unknown_peers_home_too() -> None:
+    table = bucket_table({"me": 1, "b": 1, "c": 1})
+    marks = bucket_marks(table, {"b": 0x10020000}, "me")
+    for node, mark in zip(table, marks, strict=True):
+        assert mark == (0x10020000 if node == "b" else 0)
+    assert bucket_marks((), {"b": 1}, "me") == ()
