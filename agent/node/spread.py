@@ -19,13 +19,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-BUCKETS = 61
-"""Buckets per spread frontend: a prime (Maglev's permutations need one). 61 keeps each
-frontend at most 60 map elements and every node's share within one bucket (1.6 %) of its
-weight."""
+from agent.model.tunnel import BUCKETS, HASH_SEED
 
-HASH_SEED = 0x4E4C4201
-"""The jhash seed of the bucket choice. Fixed, so every holder picks the same bucket."""
+__all__ = ["BUCKETS", "HASH_SEED", "bucket_table", "peer_buckets"]
 
 
 def _hash(text: str, salt: bytes) -> int:
@@ -67,12 +63,10 @@ def bucket_table(weights: Mapping[str, int], size: int = BUCKETS) -> tuple[str, 
     return tuple(n for n in owner if n is not None)
 
 
-def bucket_marks(table: tuple[str, ...], marks: Mapping[str, int], me: str) -> tuple[int, ...]:
-    """Return, per bucket of `table`, the packet mark that sends its flows to their node.
+def peer_buckets(table: tuple[str, ...], me: str) -> tuple[tuple[int, str], ...]:
+    """Return (bucket, node) for every bucket of `table` another node than `me` owns.
 
-    0 means this node (`me`) serves the bucket itself. `marks` maps every other node in the
-    table to its tunnel mark (agent/dataplane/tunnel.py: `peer_mark`); a node missing there
-    cannot be reached, so its buckets fall back to this node, whose Local path serves them
-    (never a peer that is not in the tunnel). Empty when `table` is empty.
+    The buckets `me` owns are absent: their flows take this node's own Local path. Empty when
+    `table` is empty or `me` owns every bucket.
     """
-    return tuple(0 if name == me else marks.get(name, 0) for name in table)
+    return tuple((b, name) for b, name in enumerate(table) if name != me)

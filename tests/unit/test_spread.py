@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from agent.node.spread import BUCKETS, bucket_marks, bucket_table
+from agent.node.spread import BUCKETS, bucket_table, peer_buckets
 
 
 def shares(table: tuple[str, ...]) -> Counter[str]:
@@ -70,9 +70,9 @@ def test_a_node_leaving_moves_mostly_its_own_buckets(nodes: int) -> None:
     assert len(moved) <= len(kept) // 6, f"{len(moved)} of {len(kept)} survivors' buckets moved"
 
 
-def test_bucket_marks_send_own_buckets_home_and_unknown_peers_home_too() -> None:
-    table = bucket_table({"me": 1, "b": 1, "c": 1})
-    marks = bucket_marks(table, {"b": 0x10020000}, "me")
-    for node, mark in zip(table, marks, strict=True):
-        assert mark == (0x10020000 if node == "b" else 0)
-    assert bucket_marks((), {"b": 1}, "me") == ()
+def test_peer_buckets_leave_out_the_buckets_this_node_serves_itself() -> None:
+    table = bucket_table({"me": 1, "b": 1, "c": 2})
+    peers = peer_buckets(table, "me")
+    assert {n for _, n in peers} == {"b", "c"}
+    assert [b for b, _ in peers] == [b for b, n in enumerate(table) if n != "me"]
+    assert peer_buckets(bucket_table({"me": 3}), "me") == ()
