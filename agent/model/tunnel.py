@@ -7,12 +7,31 @@ of the node's segment IPv4 address, so every agent computes its peers' without a
 
 from __future__ import annotations
 
+import enum
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
 
 from agent.model.desired_state import FrontendKey
+
+
+class LocalTraffic(enum.StrEnum):
+    """How an externalTrafficPolicy=Local Service's traffic is served (`localTraffic`).
+
+    SPREAD: the holder spreads new flows over every node with ready local endpoints, through
+    the tunnel. HOLDER: only the holder's own local endpoints serve (the behaviour before
+    issue #15)."""
+
+    SPREAD = "spread"
+    HOLDER = "holder"
+
+
+DEFAULT_LOCAL_TRAFFIC = LocalTraffic.HOLDER
+"""HOLDER until the agent programs the tunnel and the spread table itself (issue #15: the
+pieces exist, the node loop does not run them yet); then SPREAD, as the issue asks."""
+
+LOCAL_TRAFFIC_ANNOTATION = "nodelb.io/local-traffic"
 
 IFNAME = "nlb-vx"
 VXLAN_PORT = 4789

@@ -16,12 +16,20 @@ measure.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 from collections.abc import Mapping
 
-from agent.model.tunnel import BUCKETS, HASH_SEED
+from agent.model.tunnel import BUCKETS, HASH_SEED, LOCAL_TRAFFIC_ANNOTATION, LocalTraffic
 
-__all__ = ["BUCKETS", "HASH_SEED", "bucket_table", "peer_buckets"]
+__all__ = [
+    "BUCKETS",
+    "HASH_SEED",
+    "ModeReason",
+    "bucket_table",
+    "local_traffic_mode",
+    "peer_buckets",
+]
 
 
 def _hash(text: str, salt: bytes) -> int:
@@ -70,3 +78,30 @@ def peer_buckets(table: tuple[str, ...], me: str) -> tuple[tuple[int, str], ...]
     `table` is empty or `me` owns every bucket.
     """
     return tuple((b, name) for b, name in enumerate(table) if name != me)
+
+
+class ModeReason(enum.StrEnum):
+    """Why a Service's Local traffic is served the way `local_traffic_mode` says."""
+
+    CLUSTER_DEFAULT = "ClusterDefault"
+    ANNOTATION = "Annotation"
+    INVALID_ANNOTATION = "InvalidAnnotation"
+
+
+def local_traffic_mode(
+    *, annotations: tuple[tuple[str, str], ...], default: LocalTraffic
+) -> tuple[LocalTraffic, ModeReason]:
+    """Return how an eTP=Local Service's traffic is served, and why.
+
+    The Service's `nodelb.io/local-traffic` annotation (`spread` or `holder`, exactly) wins
+    over the agent's `localTraffic`; any other value is ignored with INVALID_ANNOTATION, so a
+    typo keeps the cluster's choice instead of failing the Service.
+    """
+    for key, value in annotations:
+        if key != LOCAL_TRAFFIC_ANNOTATION:
+            continue
+        try:
+            return LocalTraffic(value), ModeReason.ANNOTATION
+        except ValueError:
+            return default, ModeReason.INVALID_ANNOTATION
+    return default, ModeReason.CLUSTER_DEFAULT

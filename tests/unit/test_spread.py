@@ -7,7 +7,17 @@ from collections import Counter
 
 import pytest
 
-from agent.node.spread import BUCKETS, bucket_table, peer_buckets
+from agent.config import ConfigError, parse_config
+from agent.model.tunnel import DEFAULT_LOCAL_TRAFFIC, LOCAL_TRAFFIC_ANNOTATION, LocalTraffic
+from agent.node.spread import (
+    BUCKETS,
+    ModeReason,
+    bucket_table,
+    local_traffic_mode,
+    peer_buckets,
+)
+
+ANN = LOCAL_TRAFFIC_ANNOTATION
 
 
 def shares(table: tuple[str, ...]) -> Counter[str]:
@@ -76,3 +86,59 @@ def test_peer_buckets_leave_out_the_buckets_this_node_serves_itself() -> None:
     assert {n for _, n in peers} == {"b", "c"}
     assert [b for b, _ in peers] == [b for b, n in enumerate(table) if n != "me"]
     assert peer_buckets(bucket_table({"me": 3}), "me") == ()
+
+
+@pytest.mark.parametrize(
+    ("annotations", "default", "expected"),
+    [
+        pytest.param(
+            (),
+            LocalTraffic.SPREAD,
+            (LocalTraffic.SPREAD, ModeReason.CLUSTER_DEFAULT),
+            id="no annotation keeps the cluster's spread",
+        ),
+        pytest.param(
+            (),
+            LocalTraffic.HOLDER,
+            (LocalTraffic.HOLDER, ModeReason.CLUSTER_DEFAULT),
+            id="no annotation keeps the cluster's holder",
+        ),
+        pytest.param(
+            ((ANN, "holder"),),
+            LocalTraffic.SPREAD,
+            (LocalTraffic.HOLDER, ModeReason.ANNOTATION),
+            id="the annotation turns spreading off for one Service",
+        ),
+        pytest.param(
+            ((ANN, "spread"),),
+            LocalTraffic.HOLDER,
+            (LocalTraffic.SPREAD, ModeReason.ANNOTATION),
+            id="the annotation turns spreading on for one Service",
+        ),
+        pytest.param(
+            ((ANN, "Spread "),),
+            LocalTraffic.HOLDER,
+            (LocalTraffic.HOLDER, ModeReason.INVALID_ANNOTATION),
+            id="a misspelt value keeps the cluster's choice and says so",
+        ),
+        pytest.param(
+            (("other.io/local-traffic", "spread"),),
+            LocalTraffic.HOLDER,
+            (LocalTraffic.HOLDER, ModeReason.CLUSTER_DEFAULT),
+            id="another prefix's annotation is not ours",
+        ),
+    ],
+)
+def test_local_traffic_mode(
+    annotations: tuple[tuple[str, str], ...],
+    default: LocalTraffic,
+    expected: tuple[LocalTraffic, ModeReason],
+) -> None:
+    assert local_traffic_mode(annotations=annotations, default=default) == expected
+
+
+def test_local_traffic_config_takes_spread_or_holder_and_refuses_anything_else() -> None:
+    assert parse_config({}).local_traffic is DEFAULT_LOCAL_TRAFFIC
+    assert parse_config({"localTraffic": "spread"}).local_traffic is LocalTraffic.SPREAD
+    with pytest.raises(ConfigError, match="localTraffic"):
+        parse_config({"localTraffic": "everywhere"})
