@@ -179,6 +179,7 @@ class ClusterState:
             handle_classless=cfg.handle_classless,
             external_ip_cidrs=cfg.external_ip_cidrs,
             pool_networks=tuple(n for p in cfg.pools for n in p.networks),
+            local_traffic=cfg.local_traffic,
         )
         self._announcing = announcing
         self._health_checks = health_checks

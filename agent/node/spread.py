@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Protocol
 
+from agent.model.desired_state import Endpoint
 from agent.model.tunnel import BUCKETS, HASH_SEED, LOCAL_TRAFFIC_ANNOTATION, LocalTraffic
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "bucket_table",
     "local_traffic_mode",
     "peer_buckets",
+    "spread_weights",
 ]
 
 
@@ -69,6 +72,29 @@ def bucket_table(weights: Mapping[str, int], size: int = BUCKETS) -> tuple[str, 
                 owner[b] = name
                 filled += 1
     return tuple(n for n in owner if n is not None)
+
+
+class _Counted(Protocol):
+    @property
+    def node_name(self) -> str | None: ...
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def target(self) -> Endpoint: ...
+
+
+def spread_weights(endpoints: Iterable[_Counted]) -> dict[str, int]:
+    """Return each node's number of distinct ready endpoints (address, port) among `endpoints`.
+
+    The weight of a node in the bucket table: its ready local endpoints, the set kube-proxy
+    serves Local traffic with on that node. Endpoints without a node and not-ready ones
+    (a node with only terminating endpoints gets no new flows) do not count.
+    """
+    seen: dict[str, set[Endpoint]] = {}
+    for ep in endpoints:
+        if ep.ready and ep.node_name:
+            seen.setdefault(ep.node_name, set()).add(ep.target)
+    return {name: len(targets) for name, targets in seen.items()}
 
 
 def peer_buckets(table: tuple[str, ...], me: str) -> tuple[tuple[int, str], ...]:
