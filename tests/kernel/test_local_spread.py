@@ -13,6 +13,7 @@ would make it. Nothing is programmed in the root namespace.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import os
@@ -20,14 +21,14 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import pytest
-from pyroute2 import IPRoute
 
 from agent import netns as agent_netns
-from agent.dataplane import tunnel
 from agent.dataplane.applier import SyncMode
+from agent.dataplane.libnft import NetnsNftRunner
+from agent.dataplane.spread_plane import SpreadPlane
 from agent.model import tunnel as T
 from agent.model.desired_state import FrontendKey
 from agent.model.net import IPAddress, Protocol
@@ -35,7 +36,6 @@ from agent.node.spread import bucket_table, peer_buckets
 from lab import netns
 from lab.client import Reply
 from lab.topology import Lab, LabNode, LabSpec, Pod
-from rules.spread import render_spread, render_spread_cleanup
 from tests.kernel.test_dataplane_traffic import (
     TCP_PORT,
     UDP_PORT,
@@ -64,7 +64,7 @@ WAIT = 30.0
 
 @pytest.fixture(scope="module")
 def slab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    """Yield one running lab: 3 nodes x 2 pods, a client, pod servers, tunnels everywhere."""
+    """Yield one running lab: 3 nodes x 2 pods, a client, pod servers."""
     lab = Lab(
         LabSpec(nodes=3, pods_per_node=2, with_controlplane=False),
         tmp_path_factory.mktemp("spread"),
@@ -72,11 +72,54 @@ def slab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     try:
         lab.up()
         lab.start_pod_servers(tcp_port=TCP_PORT, udp_port=UDP_PORT)
-        for node in lab.nodes:
-            program_tunnel(lab, node)
         yield lab
     finally:
         lab.down()
+
+
+class Spreaders:
+    """One SpreadPlane per lab node, as the agent would hold one, over the node's namespace."""
+
+    def __init__(self, lab: Lab) -> None:
+        self.lab = lab
+        self.runners = {n.name: NetnsNftRunner(n.ns) for n in lab.nodes}
+        self.planes = {
+            n.name: SpreadPlane(self.runners[n.name], in_netns=in_netns_of(n)) for n in lab.nodes
+        }
+
+    def idle(self, node: LabNode) -> T.SpreadState:
+        """Return `node`'s state with every other node as a peer and nothing spread."""
+        peers = frozenset(n.ip4 for n in self.lab.nodes if n is not node)
+        return T.SpreadState(device=node.ifname, node=node.ip4, peers=peers)
+
+    def sync(self, node: LabNode, state: T.SpreadState | None) -> bool:
+        return self.planes[node.name].sync(state)
+
+    def close(self) -> None:
+        for r in self.runners.values():
+            r.close()
+
+
+def in_netns_of(node: LabNode) -> Callable[[Callable[[], None]], None]:
+    def run(fn: Callable[[], None]) -> None:
+        agent_netns.call_in(node.ns, fn)
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def spreaders(slab: Lab) -> Iterator[Spreaders]:
+    """Yield the lab's SpreadPlanes, every node with its tunnel and an idle spread table."""
+    s = Spreaders(slab)
+    try:
+        for node in slab.nodes:
+            assert s.sync(node, s.idle(node))
+        yield s
+    finally:
+        for node in slab.nodes:
+            with contextlib.suppress(Exception):
+                s.sync(node, None)
+        s.close()
 
 
 @pytest.fixture
@@ -88,17 +131,6 @@ def planes() -> Iterator[Planes]:
         p.close()
 
 
-def program_tunnel(lab: Lab, node: LabNode) -> int:
-    """Give `node` the tunnel device with every other lab node as a peer; return its index."""
-    peers = [n.ip4 for n in lab.nodes if n is not node]
-
-    def body() -> int:
-        with IPRoute() as ipr:
-            return tunnel.program(ipr, node.ip4, peers)
-
-    return agent_netns.call_in(node.ns, body)
-
-
 def nft(node: LabNode, script: str) -> None:
     netns.run(node.ns, ["nft", "-f", "-"], input=script)
 
@@ -107,7 +139,9 @@ def nft(node: LabNode, script: str) -> None:
 def spread(
     lab: Lab,
     planes: Planes,
+    spreaders: Spreaders,
     holder: LabNode,
+    *,
     key: FrontendKey,
     serving: Mapping[str, Sequence[Pod]],
 ) -> Iterator[dict[str, int]]:
@@ -125,22 +159,14 @@ def spread(
     weights = {name: len(pods) for name, pods in serving.items()}
     ip4 = {n.name: n.ip4 for n in lab.nodes}
     table = bucket_table(weights)
-    state = T.SpreadState(
-        device="eth0",
-        node=holder.ip4,
-        peers=frozenset(n.ip4 for n in lab.nodes if n is not holder),
-        buckets={
-            FrontendKey(lb, protocol, port): tuple(
-                (b, ip4[name]) for b, name in peer_buckets(table, holder.name)
-            )
-        },
-    )
-    nft(holder, render_spread(state))
+    hops = tuple((b, ip4[name]) for b, name in peer_buckets(table, holder.name))
+    idle = spreaders.idle(holder)
+    assert spreaders.sync(holder, dataclasses.replace(idle, buckets={key: hops}))
     try:
         with address(holder.ns, "eth0", lb), routes(lab, holder, lb):
             yield weights
     finally:
-        nft(holder, render_spread_cleanup())
+        spreaders.sync(holder, idle)
 
 
 def node_counts(lab: Lab, replies: Sequence[Reply]) -> Counter[str]:
@@ -197,7 +223,7 @@ def reply_macs(lab: Lab, lb: IPAddress) -> Iterator[Counter[str]]:
     ],
 )
 def test_flows_reach_every_node_with_endpoints_in_proportion_keeping_the_client_address(
-    slab: Lab, planes: Planes, lb: IPAddress, protocol: Protocol
+    slab: Lab, planes: Planes, spreaders: Spreaders, lb: IPAddress, protocol: Protocol
 ) -> None:
     n1, n2, n3 = slab.nodes
     serving = {
@@ -209,7 +235,9 @@ def test_flows_reach_every_node_with_endpoints_in_proportion_keeping_the_client_
     count = 300
     with (
         reply_macs(slab, lb) as macs,
-        spread(slab, planes, n1, FrontendKey(lb, protocol, 80), serving) as w,
+        spread(
+            slab, planes, spreaders, n1, key=FrontendKey(lb, protocol, 80), serving=serving
+        ) as w,
     ):
         replies = answered(probe(client.ns, protocol, lb, 80, count=count))
     assert_proportional(node_counts(slab, replies), w, count)
@@ -222,17 +250,19 @@ def test_flows_reach_every_node_with_endpoints_in_proportion_keeping_the_client_
 
 
 def test_a_node_that_loses_its_last_endpoint_gets_no_new_flows_after_one_sync(
-    slab: Lab, planes: Planes
+    slab: Lab, planes: Planes, spreaders: Spreaders
 ) -> None:
     n1, n2, n3 = slab.nodes
     lb = ipaddress.ip_address("198.18.0.212")
     client = client_of(slab)
     every = {n.name: slab.pods_on(n.name) for n in slab.nodes}
-    with spread(slab, planes, n1, FrontendKey(lb, Protocol.TCP, 80), every):
+    with spread(slab, planes, spreaders, n1, key=FrontendKey(lb, Protocol.TCP, 80), serving=every):
         before = node_counts(slab, answered(probe(client.ns, Protocol.TCP, lb, 80, count=60)))
     assert n3.name in before
     rest = {n1.name: every[n1.name], n2.name: every[n2.name]}
-    with spread(slab, planes, n1, FrontendKey(lb, Protocol.TCP, 80), rest) as w:
+    with spread(
+        slab, planes, spreaders, n1, key=FrontendKey(lb, Protocol.TCP, 80), serving=rest
+    ) as w:
         after = node_counts(slab, answered(probe(client.ns, Protocol.TCP, lb, 80, count=200)))
     assert n3.name not in after, dict(after)
     assert_proportional(after, w, 200)
@@ -285,21 +315,15 @@ def _listen_and_inject(slab: Lab, sender_ns: str, target: LabNode, lb: IPAddress
 
 
 def test_vxlan_from_a_host_that_is_not_a_peer_is_dropped_and_from_a_peer_served(
-    slab: Lab, planes: Planes
+    slab: Lab, planes: Planes, spreaders: Spreaders
 ) -> None:
     n1, n2, n3 = slab.nodes
     lb = ipaddress.ip_address("198.18.0.213")
     every = {n.name: slab.pods_on(n.name) for n in slab.nodes}
-    with spread(slab, planes, n1, FrontendKey(lb, Protocol.UDP, 80), every):
-        # The spread table (with its source check) is the holder's; give n2 one as well.
-        state = T.SpreadState(device="eth0", node=n2.ip4, peers=frozenset({n1.ip4, n3.ip4}))
-        nft(n2, render_spread(state))
-        try:
-            # Positive control: the same bytes from a peer reach a pod of n2, which answers.
-            assert _listen_and_inject(slab, n3.ns, n2, lb)
-            assert not _listen_and_inject(slab, client_of(slab).ns, n2, lb)
-        finally:
-            nft(n2, render_spread_cleanup())
+    with spread(slab, planes, spreaders, n1, key=FrontendKey(lb, Protocol.UDP, 80), serving=every):
+        # Positive control: the same bytes from a peer reach a pod of n2, which answers.
+        assert _listen_and_inject(slab, n3.ns, n2, lb)
+        assert not _listen_and_inject(slab, client_of(slab).ns, n2, lb)
 
 
 _BIG_TCP = r"""
@@ -342,25 +366,33 @@ print(got)
         pytest.param(ipaddress.ip_address("2001:db8::214"), id="IPv6"),
     ],
 )
-def test_full_size_packets_cross_the_tunnel(slab: Lab, planes: Planes, lb: IPAddress) -> None:
+def test_full_size_packets_cross_the_tunnel(
+    slab: Lab, planes: Planes, spreaders: Spreaders, lb: IPAddress
+) -> None:
     """200 kB over TCP connections served through the tunnel are all acknowledged (the MSS is
     clamped), and 1500-byte UDP datagrams through it are answered."""
     n1, n2, n3 = slab.nodes
     serving = {n2.name: slab.pods_on(n2.name), n3.name: slab.pods_on(n3.name)}
     client = client_of(slab)
     clamp = T.MSS4 if lb.version == 4 else T.MSS6
-    with spread(slab, planes, n1, FrontendKey(lb, Protocol.TCP, 80), serving):
+    with spread(
+        slab, planes, spreaders, n1, key=FrontendKey(lb, Protocol.TCP, 80), serving=serving
+    ):
         for _ in range(4):
             out = netns.run(client.ns, [sys.executable, "-c", _BIG_TCP, str(lb)]).stdout.split()
             assert out[0] == "ACKED", out
             # The pod's SYN-ACK was clamped on the serving node: the client's segments fit.
             assert int(out[1]) <= clamp, f"client MSS {out[1]} above the tunnel's {clamp}"
-    with spread(slab, planes, n1, FrontendKey(lb, Protocol.UDP, 80), serving):
+    with spread(
+        slab, planes, spreaders, n1, key=FrontendKey(lb, Protocol.UDP, 80), serving=serving
+    ):
         got = netns.run(client.ns, [sys.executable, "-c", _BIG_UDP, str(lb), "20"]).stdout
     assert int(got) == 20, f"{got.strip()} of 20 full-size datagrams answered"
 
 
-def test_holder_mode_serves_only_the_holders_own_endpoints(slab: Lab, planes: Planes) -> None:
+def test_holder_mode_serves_only_the_holders_own_endpoints(
+    slab: Lab, planes: Planes, spreaders: Spreaders
+) -> None:
     n1 = slab.nodes[0]
     lb = ipaddress.ip_address("198.18.0.215")
     client = client_of(slab)
@@ -378,3 +410,21 @@ def test_holder_mode_serves_only_the_holders_own_endpoints(slab: Lab, planes: Pl
     with address(n1.ns, "eth0", lb), routes(slab, n1, lb):
         replies = answered(probe(client.ns, Protocol.TCP, lb, 80, count=40))
     assert node_counts(slab, replies) == Counter({n1.name: 40})
+
+
+def test_removing_spreading_removes_the_table_and_device_and_it_comes_back(
+    slab: Lab, spreaders: Spreaders
+) -> None:
+    n3 = slab.nodes[2]
+    idle = spreaders.idle(n3)
+    assert not spreaders.sync(n3, idle), "an unchanged state is not sent again"
+    assert spreaders.sync(n3, None)
+    links = netns.run(n3.ns, ["ip", "-o", "link"]).stdout
+    tables = netns.run(n3.ns, ["nft", "list", "tables"]).stdout
+    assert T.IFNAME not in links
+    assert "netdev nodelb" not in tables
+    assert spreaders.sync(n3, idle)
+    assert T.IFNAME in netns.run(n3.ns, ["ip", "-o", "link"]).stdout
+    fdb = netns.run(n3.ns, ["bridge", "fdb", "show", "dev", T.IFNAME]).stdout
+    for peer in idle.peers:
+        assert f"{T.vtep_mac(peer)} dst {peer} self permanent" in fdb
