@@ -14,6 +14,7 @@ who is a peer; the caller passes them.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from ipaddress import IPv4Address
 from pathlib import Path
@@ -78,7 +79,8 @@ def program(ipr: Any, node: IPv4Address, peers: Iterable[IPv4Address]) -> int:
         assert index is not None
     ipr.link("set", index=index, address=T.vtep_mac(node), mtu=mtu)
     _sysctl(f"net.ipv4.conf.{T.IFNAME}.rp_filter", "0")
-    _sysctl(f"net.ipv6.conf.{T.IFNAME}.disable_ipv6", "0")
+    with contextlib.suppress(FileNotFoundError):  # a kernel without IPv6: IPv4 spreads alone
+        _sysctl(f"net.ipv6.conf.{T.IFNAME}.disable_ipv6", "0")
     ipr.link("set", index=index, state="up")
     for peer in wanted:
         mac = T.vtep_mac(peer)

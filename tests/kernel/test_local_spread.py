@@ -428,3 +428,19 @@ def test_removing_spreading_removes_the_table_and_device_and_it_comes_back(
     fdb = netns.run(n3.ns, ["bridge", "fdb", "show", "dev", T.IFNAME]).stdout
     for peer in idle.peers:
         assert f"{T.vtep_mac(peer)} dst {peer} self permanent" in fdb
+
+
+def test_a_new_plane_removes_what_a_previous_agent_left_on_its_first_idle_sync(
+    slab: Lab, spreaders: Spreaders
+) -> None:
+    n3 = slab.nodes[2]
+    assert T.IFNAME in netns.run(n3.ns, ["ip", "-o", "link"]).stdout
+    with NetnsNftRunner(n3.ns) as runner:
+        fresh = SpreadPlane(runner, in_netns=in_netns_of(n3))
+        assert fresh.sync(None)
+        assert not fresh.sync(None), "known to be absent now: nothing sent"
+    assert T.IFNAME not in netns.run(n3.ns, ["ip", "-o", "link"]).stdout
+    assert "netdev nodelb" not in netns.run(n3.ns, ["nft", "list", "tables"]).stdout
+    # Give n3 back its tunnel for the tests after this one.
+    spreaders.planes[n3.name].remove()
+    assert spreaders.sync(n3, spreaders.idle(n3))
