@@ -11,6 +11,7 @@ from agent.model.tunnel import LocalTraffic, SpreadState
 from agent.node.cache import new_stores
 from agent.node.cluster_state import Changes
 from tests.unit.test_node_loop import feed_services, make_agent, metric, svc
+from tests.unit.test_spread_wiring import slice_raw
 
 ip = ipaddress.ip_address
 
@@ -39,19 +40,7 @@ def node(name: str, addr: str) -> Any:
 
 
 def two_node_slice() -> Any:
-    raw = {
-        "metadata": {
-            "namespace": "ns",
-            "name": "local-1",
-            "labels": {"kubernetes.io/service-name": "local"},
-        },
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-        "endpoints": [
-            {"addresses": [a], "nodeName": n, "conditions": {"ready": True}}
-            for a, n in (("198.19.1.10", "node-1"), ("198.19.2.10", "node-2"))
-        ],
-    }
+    raw = slice_raw(("198.19.1.10", "node-1", True), ("198.19.2.10", "node-2", True))
     return new_stores()[1].apply(EventType.ADDED, raw)
 
 

@@ -62,24 +62,24 @@ def service(
     return svc
 
 
+def slice_raw(*endpoints: tuple[str, str, bool]) -> dict[str, Any]:
+    """Return a raw EndpointSlice of Service ns/local with (address, node, ready) endpoints."""
+    return {
+        "metadata": {
+            "namespace": "ns",
+            "name": "local-1",
+            "labels": {"kubernetes.io/service-name": "local"},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": [
+            {"addresses": [a], "nodeName": n, "conditions": {"ready": r}} for a, n, r in endpoints
+        ],
+    }
+
+
 def slices(*endpoints: tuple[str, str, bool]) -> list[Any]:
-    return [
-        parse_slice(
-            {
-                "metadata": {
-                    "namespace": "ns",
-                    "name": "web-1",
-                    "labels": {"kubernetes.io/service-name": "web"},
-                },
-                "addressType": "IPv4",
-                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-                "endpoints": [
-                    {"addresses": [a], "nodeName": n, "conditions": {"ready": r}}
-                    for a, n, r in endpoints
-                ],
-            }
-        )
-    ]
+    return [parse_slice(slice_raw(*endpoints))]
 
 
 EPS = slices(
