@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import ipaddress
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -36,6 +38,7 @@ from agent.node.spread import bucket_table, peer_buckets
 from lab import netns
 from lab.client import Reply
 from lab.topology import Lab, LabNode, LabSpec, Pod
+from lab.wait import wait_until
 from tests.kernel.test_dataplane_traffic import (
     TCP_PORT,
     UDP_PORT,
@@ -144,11 +147,13 @@ def spread(
     *,
     key: FrontendKey,
     serving: Mapping[str, Sequence[Pod]],
+    target: int | None = None,
 ) -> Iterator[dict[str, int]]:
     """Program a Local frontend `lb` served by `serving` (node name -> its endpoints) and the
     holder's spread table; yield the weights. Removes the spread table afterwards."""
     lb, protocol, port = key.ip, key.protocol, key.port
-    target = TCP_PORT if protocol is Protocol.TCP else UDP_PORT
+    if target is None:
+        target = TCP_PORT if protocol is Protocol.TCP else UDP_PORT
     fam = lb.version
     for node in lab.nodes:
         local = eps(serving.get(node.name, ()), target, fam)
@@ -444,3 +449,108 @@ def test_a_new_plane_removes_what_a_previous_agent_left_on_its_first_idle_sync(
     # Give n3 back its tunnel for the tests after this one.
     spreaders.planes[n3.name].remove()
     assert spreaders.sync(n3, spreaders.idle(n3))
+
+
+ECHO_PORT = 8090
+_ECHO = r"""
+import socket, sys, threading
+name, port = sys.argv[1].encode(), int(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", port)); s.listen(64)
+def serve(c):
+    with c:
+        while True:
+            d = c.recv(4096)
+            if not d:
+                return
+            c.sendall(name + b" " + d)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
+
+def echo_ready(lab: Lab, pod: Pod) -> bool:
+    """Return True once `pod`'s echo server accepts a connection from its node."""
+
+    def reach() -> bool:
+        with socket.create_connection((str(pod.ip4), ECHO_PORT), timeout=1):
+            return True
+
+    return agent_netns.call_in(lab.node(pod.node).ns, reach)
+
+
+def spread_to(
+    lab: Lab, spreaders: Spreaders, node: LabNode, key: FrontendKey, weights: dict[str, int]
+) -> None:
+    """Give `node` the spread table of `key` for `weights`, as its agent would compute it."""
+    ip4 = {n.name: n.ip4 for n in lab.nodes}
+    hops = tuple((b, ip4[m]) for b, m in peer_buckets(bucket_table(weights), node.name))
+    spreaders.sync(node, dataclasses.replace(spreaders.idle(node), buckets={key: hops}))
+
+
+def echo(conn: socket.socket, text: str) -> str:
+    """Send `text` on `conn` and return the serving pod's name from its echo."""
+    conn.sendall(text.encode())
+    answer = conn.recv(4096).decode()
+    pod, _, body = answer.partition(" ")
+    assert body == text, answer
+    return pod
+
+
+def test_a_new_holder_keeps_the_flows_other_nodes_serve(
+    slab: Lab, planes: Planes, spreaders: Spreaders
+) -> None:
+    """The holder's cable is pulled and another node takes the IP (as the speaker would after
+    a kill -9): a long-lived connection served by a third node goes on, because the new
+    holder maps it to the same bucket and node (dataplane level; no agent or speaker here)."""
+    n1, n2, n3 = slab.nodes
+    lb = ipaddress.ip_address("198.18.0.216")
+    client = client_of(slab)
+    every = {n.name: slab.pods_on(n.name) for n in slab.nodes}
+    servers = [
+        slab.spawn(
+            p.ns, [sys.executable, "-c", _ECHO, p.name, str(ECHO_PORT)], log_name=f"echo-{p.name}"
+        )
+        for p in slab.pods
+    ]
+    key = FrontendKey(lb, Protocol.TCP, 80)
+    conns: list[socket.socket] = []
+    try:
+        for p in slab.pods:
+            wait_until(functools.partial(echo_ready, slab, p), WAIT, f"{p.name}'s echo server")
+        with spread(slab, planes, spreaders, n1, key=key, serving=every, target=ECHO_PORT) as w:
+            spread_to(slab, spreaders, n2, key, w)
+
+            def connect() -> socket.socket:
+                return socket.create_connection((str(lb), 80), timeout=5)
+
+            by_node: dict[str, socket.socket] = {}
+            for _ in range(60):
+                conn = agent_netns.call_in(client.ns, connect)
+                conns.append(conn)
+                by_node.setdefault(slab.pod(echo(conn, "hello")).node, conn)
+                if n3.name in by_node and n1.name in by_node:
+                    break
+            assert n3.name in by_node, "no connection was served by node-3 in 60 tries"
+            slab.unplug(n1)
+            try:
+                with address(n2.ns, "eth0", lb):
+                    netns.run(client.ns, ["ip", "route", "replace", f"{lb}/32", "via", str(n2.ip4)])
+                    survivor = by_node[n3.name]
+                    assert slab.pod(echo(survivor, "still there")).node == n3.name
+                    # The agent would then see node-1's endpoints go: new flows avoid it.
+                    spread_to(slab, spreaders, n2, key, {n2.name: 2, n3.name: 2})
+                    for _ in range(10):
+                        fresh = agent_netns.call_in(client.ns, connect)
+                        conns.append(fresh)
+                        assert slab.pod(echo(fresh, "new")).node in (n2.name, n3.name)
+            finally:
+                slab.plug(n1)
+                spreaders.sync(n2, spreaders.idle(n2))
+    finally:
+        for c in conns:
+            c.close()
+        for proc in servers:
+            slab.stop(proc)
