@@ -141,6 +141,7 @@ class Agent:
     ) -> None:
         self.cfg = cfg
         self._spread = spread
+        self._last_spread: SpreadState | None = None
         self._dataplane = dataplane
         self._events = events
         self._lists = lists
@@ -337,6 +338,7 @@ class Agent:
                 last_sync_full=st.last_sync_full,
                 desired=self._last_desired,
                 vrrp=self._announcer.instances() if self._announcer else (),
+                spread=self._last_spread,
             )
         )
 
@@ -395,6 +397,7 @@ class Agent:
             log.exception("spread sync failed")
             metrics.SPREAD_SYNC_FAILURES.inc()
             return False, 1.0, f"spread: {exc}"
+        self._last_spread = outcome.spread
         return True, 0.0, ""
 
     def _freeze(self) -> None:

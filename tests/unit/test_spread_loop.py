@@ -6,10 +6,14 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from agent.kube.store import EventType
-from agent.model.tunnel import LocalTraffic, SpreadState
+from agent.model.tunnel import BUCKETS, LocalTraffic, SpreadState
 from agent.node.cache import new_stores
 from agent.node.cluster_state import Changes
+from agent.node.status_document import StatusFormatError, parse_status
+from agent.status_command import render_table
 from tests.unit.test_node_loop import feed_services, make_agent, metric, svc
 from tests.unit.test_spread_wiring import slice_raw
 
@@ -95,3 +99,42 @@ def test_a_failing_spread_sync_is_counted_and_retried_and_the_agent_says_why() -
     agent.step()
     assert len(spread.states) == 2 and spread.states[-1] is not None
     assert agent.status.last_sync_ok
+
+
+def test_the_status_document_and_table_show_the_spread_buckets_per_serving_node() -> None:
+    agent, _, _ = run(LocalTraffic.SPREAD, FakeSpread())
+    document = agent.status_document()
+    (fe,) = document["frontends"]
+    others = fe["spread"]
+    assert set(others) == {"198.18.0.12"}
+    status = parse_status(document)
+    assert status.frontends[0].spread == ((ip("198.18.0.12"), others["198.18.0.12"]),)
+    table = render_table(status)
+    mine = BUCKETS - others["198.18.0.12"]
+    assert f"Spread (buckets of {BUCKETS} per serving node)" in table
+    assert f"198.18.0.12 {others['198.18.0.12']}" in table
+    assert f" {mine} " in table.splitlines()[-1]
+
+
+def test_a_holder_mode_document_has_no_spread_key_and_no_spread_section() -> None:
+    agent, _, _ = run(LocalTraffic.HOLDER, FakeSpread())
+    document = agent.status_document()
+    assert "spread" not in document["frontends"][0]
+    assert "Spread" not in render_table(parse_status(document))
+
+
+@pytest.mark.parametrize(
+    ("spread", "message"),
+    [
+        pytest.param({"198.18.0.12": 0}, "spread.198.18.0.12", id="a node with no bucket"),
+        pytest.param({"198.18.0.12": BUCKETS + 1}, "spread", id="more buckets than the table"),
+        pytest.param({"node-2": 3}, "spread.node-2", id="a name where an address belongs"),
+        pytest.param(["198.18.0.12"], "spread", id="a list where a mapping belongs"),
+    ],
+)
+def test_a_malformed_spread_entry_is_refused_naming_its_path(spread: Any, message: str) -> None:
+    agent, _, _ = run(LocalTraffic.SPREAD, FakeSpread())
+    document = agent.status_document()
+    document["frontends"][0]["spread"] = spread
+    with pytest.raises(StatusFormatError, match=message):
+        parse_status(document)
