@@ -31,6 +31,7 @@ from agent.dataplane.conntrack import ToolConntrackRunner
 from agent.dataplane.libnft import LibNftRunner
 from agent.dataplane.netlink import NetlinkElementSender
 from agent.dataplane.netlink_dump import NetlinkTableReader
+from agent.dataplane.spread_plane import SpreadPlane
 from agent.dataplane.tamper import TamperGuard
 from agent.http_server import Gate, HealthServer, parse_addresses
 from agent.kube.client import api_client, api_host_addresses
@@ -243,6 +244,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         # The address this agent reaches the API at is never held (a control-plane VIP is
         # seen nowhere else): agent/node/holdable.py.
         api_addresses=api_host_addresses(api),
+        # The tunnel and the netdev table, only while some Service is spread (issue #15).
+        spread=SpreadPlane(LibNftRunner()),
     )
     held_changed.append(agent.held_changed)
     # Says within seconds when the API stops answering; the announcer then takes nothing new.
@@ -377,8 +380,10 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     """Remove the nodelb table from this network namespace (no other table is touched)."""
-    LibNftRunner().run(render_cleanup())
-    print("removed table inet nodelb (if it existed)")
+    runner = LibNftRunner()
+    runner.run(render_cleanup())
+    SpreadPlane(runner).remove()
+    print("removed table inet nodelb, table netdev nodelb and nlb-vx (if they existed)")
     return 0
 
 

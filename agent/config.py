@@ -26,6 +26,7 @@ from agent.model.config_values import (
 from agent.model.net import IPNetwork
 from agent.model.pools import Forbidden, parse_pools
 from agent.model.service_class import DEFAULT_CLASS
+from agent.model.tunnel import DEFAULT_LOCAL_TRAFFIC, LocalTraffic
 
 DEFAULT_METRICS_ADDRESS = "0.0.0.0:9472,[::]:9472"  # both families, one socket each
 
@@ -69,6 +70,8 @@ class AgentConfig:
     metrics_address: str = DEFAULT_METRICS_ADDRESS
     # Answer healthCheckNodePorts (kube-proxy does where it runs: on only without it).
     health_check_node_ports: bool = False
+    # eTP=Local Services: spread over every node with endpoints, or the holder's only.
+    local_traffic: LocalTraffic = DEFAULT_LOCAL_TRAFFIC
     announce: AnnounceSettings = field(default_factory=AnnounceSettings)
 
 
@@ -107,6 +110,7 @@ KNOWN_KEYS = frozenset(
         "sync",
         "metricsAddress",
         "healthCheckNodePorts",
+        "localTraffic",
         "announce",
     }
 )
@@ -154,8 +158,19 @@ def parse_config(raw: Any) -> AgentConfig:
         sync=sync,
         metrics_address=_address(raw),
         health_check_node_ports=boolean(raw, "healthCheckNodePorts", False, "healthCheckNodePorts"),
+        local_traffic=_local_traffic(raw),
         announce=parse_announce(raw.get("announce")),
     )
+
+
+def _local_traffic(raw: Mapping[str, Any]) -> LocalTraffic:
+    """Return localTraffic, one of `spread` and `holder`."""
+    text = string(raw, "localTraffic", DEFAULT_LOCAL_TRAFFIC.value, "localTraffic")
+    try:
+        return LocalTraffic(text)
+    except ValueError:
+        choices = " or ".join(repr(m.value) for m in LocalTraffic)
+        raise wrong("localTraffic", choices, text) from None
 
 
 def _address(raw: Mapping[str, Any]) -> str:

@@ -22,6 +22,7 @@ import yaml
 from agent.config import DEFAULT_METRICS_ADDRESS
 from agent.http_server import parse_addresses
 from agent.model.net import IPAddress
+from agent.model.tunnel import BUCKETS
 from agent.node.status_document import (
     STATUS_PATH,
     StatusDocument,
@@ -162,6 +163,20 @@ def render_table(status: StatusDocument) -> str:
         )
     else:
         lines.append("(none)")
+    spread = [f for f in frontends if f.spread]
+    if spread:
+        lines += ["", f"Spread (buckets of {BUCKETS} per serving node)"]
+        rows = [
+            [
+                str(f.ip),
+                str(f.port),
+                f.protocol.value.upper(),
+                str(BUCKETS - sum(n for _, n in f.spread)),
+                ", ".join(f"{ip} {n}" for ip, n in f.spread),
+            ]
+            for f in spread
+        ]
+        lines += _table(("IP", "PORT", "PROTOCOL", "THIS NODE", "OTHER NODES"), rows, {1, 3})
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ TABLE_FAMILY: Final = "inet"
 TABLE_NAME: Final = "nodelb"
 TABLE: Final = f"{TABLE_FAMILY} {TABLE_NAME}"
 
-LAYOUT: Final = 3
+LAYOUT: Final = 4
 """The layout version of the table's declarations and fixed rules; bump it on any change."""
 
 
@@ -46,6 +46,11 @@ DEFAULT_MASQ_MARK: Final = 0x00002000
 
 Not kube-proxy's 0x4000 (masquerade) or 0x8000 (drop): nodelb's marks must not trigger
 another component's rules, and another component's marks must not trigger ours."""
+
+TUNNEL_CT_MARK: Final = 0x00001000
+"""The conntrack mark bit of a flow that arrived through the spread tunnel (`nlb-vx`): its
+SYN-ACK gets its MSS clamped on the way back (the client's direction is the tunnelled one).
+A ct mark bit, not a meta mark one; no other bit of the ct mark is touched."""
 
 MAX_AFFINITY_TIMEOUT: Final = 86400
 """Kubernetes' upper bound for sessionAffinityConfig.clientIP.timeoutSeconds."""

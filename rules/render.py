@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from agent.model import tunnel as TUNNEL
 from agent.model.desired_state import DesiredState
 from rules import layout as L
 from rules.plan import (
@@ -175,6 +176,25 @@ def skeleton_ops(mark: int) -> list[Op]:
     return ops
 
 
+def tunnel_forward_rules() -> tuple[str, ...]:
+    """Return the forward rules of a node serving flows that came through the spread tunnel.
+
+    A new flow arriving on the tunnel device gets TUNNEL_CT_MARK; the SYN-ACK of such a flow
+    has its MSS lowered to what fits in the tunnel, because with direct server return the
+    client's packets are the encapsulated ones (docs/decisions.md, 2026-12-05). Inert on a
+    node without the device.
+    """
+    bit = f"{L.TUNNEL_CT_MARK:#x}"
+    clamp = "tcp flags syn,ack / syn,ack tcp option maxseg size"
+    return (
+        f'iifname "{TUNNEL.IFNAME}" ct state new ct mark set ct mark | {bit}',
+        f"ct mark & {bit} != 0 meta nfproto ipv4 {clamp} > {TUNNEL.MSS4} "
+        f"tcp option maxseg size set {TUNNEL.MSS4}",
+        f"ct mark & {bit} != 0 meta nfproto ipv6 {clamp} > {TUNNEL.MSS6} "
+        f"tcp option maxseg size set {TUNNEL.MSS6}",
+    )
+
+
 def base_chain_ops(mark: int) -> list[Op]:
     """Return the rules of nat_internal and every base chain (hooked, with priorities)."""
     ops: list[Op] = []
@@ -224,6 +244,8 @@ def base_chain_ops(mark: int) -> list[Op]:
         (L.FILTER_OUTPUT, "output"),
     ):
         base_chain(name, "filter", hook, L.FILTER_PRIORITY)
+        if name == L.FILTER_FORWARD:
+            ops.extend(Op("add", Rule(name, text)) for text in tunnel_forward_rules())
         for fam in (4, 6):
             ip = L.IP[fam]
             rule(

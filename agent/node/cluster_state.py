@@ -37,6 +37,7 @@ from agent.model.net import IPAddress
 from agent.model.node import Node
 from agent.model.service import InvalidService, Service
 from agent.model.service_class import classify, is_ours
+from agent.model.tunnel import LocalTraffic, SpreadState
 from agent.node.allocated_ips import IPOwners
 from agent.node.assembly import FrontendIndex
 from agent.node.cache import ClusterCache, new_stores
@@ -49,6 +50,7 @@ from agent.node.service_frontends import (
     ProblemReason,
     service_frontends,
 )
+from agent.node.spread_state import spread_state
 
 SWEEP_BATCH = 50  # Services a periodic resync recomputes per sync (see ClusterState.start_sweep)
 
@@ -105,7 +107,9 @@ class Outcome:
     conflict, by Service key (a Service without problems is absent), and `reports` the same one
     per problem. `ownership` is the ownership plan's new input with the Nodes it was built from
     (`nodes`); None when it did not move or nothing is announced. `health` is every
-    healthCheckNodePort's answer when one changed; None when none did.
+    healthCheckNodePort's answer when one changed; None when none did. `spread` is this
+    node's spreading when the cluster's `localTraffic` is spread or a Service spreads; None
+    when nothing spreads (the loop then removes the tunnel and the spread table).
     """
 
     desired: DesiredState
@@ -119,6 +123,7 @@ class Outcome:
     health: dict[int, HealthAnswer] | None = None
     corrections: tuple[str, ...] = ()  # Services a resync batch found with a stale result
     resynced: bool = False  # the periodic resync's last batch ran in this recompute
+    spread: SpreadState | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +185,10 @@ class ClusterState:
             handle_classless=cfg.handle_classless,
             external_ip_cidrs=cfg.external_ip_cidrs,
             pool_networks=tuple(n for p in cfg.pools for n in p.networks),
+            local_traffic=cfg.local_traffic,
         )
         self._announcing = announcing
+        self._spreading: set[str] = set()  # Services whose result spreads a frontend
         self._health_checks = health_checks
         self._sweep_batch = sweep_batch
         self.cache = ClusterCache(cfg.node_name)
@@ -354,6 +361,7 @@ class ClusterState:
             health_moved |= self._note_health(key, svc, slices)
             if svc is None:
                 self.index.remove(key)
+                self._spreading.discard(key)
                 if self._announcing:
                     views[key] = None
                 continue
@@ -368,6 +376,10 @@ class ClusterState:
             if key in verify and previous != result:
                 corrections.append(key)
             self.index.put(result)
+            if result.spread:
+                self._spreading.add(key)
+            else:
+                self._spreading.discard(key)
             changed.update(fe.key for fe in result.frontends)
             if self._announcing:
                 views[key] = ownership_view(svc, result.lb_ips, slices)
@@ -383,6 +395,15 @@ class ClusterState:
         resynced = self.sweep is not None and self.sweep.left == 0
         if resynced:
             self.sweep = None
+        spread = None
+        if self._cfg.local_traffic is LocalTraffic.SPREAD or self._spreading:
+            spread = spread_state(
+                [results[k] for k in sorted(self._spreading) if k in results],
+                frontends=assembly.desired.frontends,
+                nodes=self.cache.nodes.values(),
+                me=self._cfg.node_name,
+                device=self._cfg.announce.interface,
+            )
         return Outcome(
             desired=assembly.desired,
             changed=None if dirty.everything else frozenset(changed),
@@ -395,6 +416,7 @@ class ClusterState:
             health=self._health_answers() if health_moved else None,
             corrections=tuple(corrections),
             resynced=resynced,
+            spread=spread,
         )
 
     def _held(self, announced: frozenset[IPAddress]) -> frozenset[IPAddress] | None:

@@ -31,6 +31,7 @@ from agent.kube.store import Store
 from agent.model.desired_state import DesiredState, FrontendKey
 from agent.model.net import IPAddress
 from agent.model.node import Node
+from agent.model.tunnel import SpreadState
 from agent.node import metrics
 from agent.node.cache import new_stores
 from agent.node.cluster_state import (
@@ -62,6 +63,12 @@ class DataplaneLike(Protocol):
     ) -> Any: ...
 
     def check_drift(self) -> bool: ...
+
+
+class SpreadLike(Protocol):
+    """What the loop needs of agent/dataplane/spread_plane.py's SpreadPlane."""
+
+    def sync(self, state: SpreadState | None) -> bool: ...
 
 
 class AnnouncerLike(Protocol):
@@ -142,8 +149,11 @@ class Agent:
         freeze_heap: bool = False,
         sweep_batch: int = SWEEP_BATCH,
         api_addresses: tuple[IPAddress, ...] = (),
+        spread: SpreadLike | None = None,
     ) -> None:
         self.cfg = cfg
+        self._spread = spread
+        self._last_spread: SpreadState | None = None
         self._dataplane = dataplane
         self._events = events
         self._lists = lists
@@ -345,6 +355,7 @@ class Agent:
                 last_sync_full=st.last_sync_full,
                 desired=self._last_desired,
                 vrrp=self._announcer.instances() if self._announcer else (),
+                spread=self._last_spread,
             )
         )
 
@@ -374,6 +385,14 @@ class Agent:
             else:
                 self._schedule = self._schedule.failed(now, retry_after)
                 self._everything = True
+        if ok and self._spread is not None:
+            ok, retry_after, error = self._sync_spread(outcome)
+            self.status.last_sync_ok = ok
+            self.status.last_error = error
+            if not ok:
+                with self._cond:
+                    self._schedule = self._schedule.failed(now, retry_after)
+                    self._everything = True
         if ok:
             self._last_desired = desired
             if self._announcer is not None:
@@ -384,6 +403,19 @@ class Agent:
             self.status.frontends = len(desired.frontends)
             self.ready.set()
         self._report(outcome.reports)
+
+    def _sync_spread(self, outcome: Outcome) -> tuple[bool, float, str]:
+        """Apply the outcome's spreading after the inet table (the serving path must exist
+        before flows are sent to it); return (ok, retry after, error)."""
+        assert self._spread is not None
+        try:
+            self._spread.sync(outcome.spread)
+        except Exception as exc:
+            log.exception("spread sync failed")
+            metrics.SPREAD_SYNC_FAILURES.inc()
+            return False, 1.0, f"spread: {exc}"
+        self._last_spread = outcome.spread
+        return True, 0.0, ""
 
     def _freeze(self) -> None:
         """Move every object alive now out of the cyclic collector's sight (gc.freeze).

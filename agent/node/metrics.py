@@ -43,3 +43,9 @@ def count_problem(reason: ProblemReason) -> None:
         EXTERNAL_IPS_REFUSED.inc()
     elif reason is ProblemReason.LB_IP_REFUSED:
         LB_IPS_REFUSED.inc()
+
+
+SPREAD_SYNC_FAILURES = Counter(
+    "nodelb_spread_sync_failures_total",
+    "Times the spread tunnel device or the spread table could not be programmed (retried).",
+)

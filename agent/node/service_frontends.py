@@ -18,9 +18,17 @@ from agent.model.endpoint_slice import Slice
 from agent.model.net import IPAddress, IPFamily, IPNetwork
 from agent.model.service import InvalidService, Service
 from agent.model.service_class import classify, is_ours
+from agent.model.tunnel import DEFAULT_LOCAL_TRAFFIC, LOCAL_TRAFFIC_ANNOTATION, LocalTraffic
 from agent.node.endpoints import PortKey, ServiceEndpoint, merge_slices
 from agent.node.external_ips import check_external_ips
 from agent.node.selection import select
+from agent.node.spread import (
+    ModeReason,
+    bucket_table,
+    local_traffic_mode,
+    peer_buckets,
+    spread_weights,
+)
 
 
 class ProblemReason(enum.StrEnum):
@@ -31,6 +39,7 @@ class ProblemReason(enum.StrEnum):
     PORT_MISMATCH = "EndpointPortMismatch"
     FRONTEND_CONFLICT = "FrontendConflict"
     LB_IP_REFUSED = "LoadBalancerIPRefused"  # agent/node/holdable.py
+    LOCAL_TRAFFIC_INVALID = "LocalTrafficAnnotationInvalid"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +66,7 @@ class PolicyView:
     handle_classless: bool
     external_ip_cidrs: tuple[IPNetwork, ...]
     pool_networks: tuple[IPNetwork, ...]
+    local_traffic: LocalTraffic = DEFAULT_LOCAL_TRAFFIC
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +75,9 @@ class ServiceResult:
 
     `lb_ips` are the Service's LoadBalancer ingress IPs that nodelb serves (candidates to be
     held by a node); externalIPs are routed to nodes by the operator and never held.
+    `spread` lists, for every LoadBalancer frontend of a Local Service served with
+    `localTraffic: spread`, the (bucket, node name) pairs other nodes serve (agent/node/
+    spread.py); empty for every other frontend, and for one this node serves entirely.
     """
 
     key: str
@@ -73,6 +86,7 @@ class ServiceResult:
     frontends: tuple[Frontend, ...] = ()
     lb_ips: tuple[IPAddress, ...] = ()
     problems: tuple[Problem, ...] = ()
+    spread: tuple[tuple[FrontendKey, tuple[tuple[int, str], ...]], ...] = ()
 
 
 def _targets(endpoints: Sequence[ServiceEndpoint]) -> tuple[Endpoint, ...]:
@@ -120,6 +134,20 @@ def service_frontends(
     merged = merge_slices(slice_list)
     slice_port_names = {p.name for s in slice_list for p in s.ports}
     frontends: list[Frontend] = []
+    spread: list[tuple[FrontendKey, tuple[tuple[int, str], ...]]] = []
+    spreading = False
+    if svc.local_policy and lb_ips:
+        mode, why = local_traffic_mode(annotations=svc.annotations, default=policy.local_traffic)
+        spreading = mode is LocalTraffic.SPREAD
+        if why is ModeReason.INVALID_ANNOTATION:
+            value = dict(svc.annotations)[LOCAL_TRAFFIC_ANNOTATION]
+            problems.append(
+                Problem(
+                    ProblemReason.LOCAL_TRAFFIC_INVALID,
+                    f"{LOCAL_TRAFFIC_ANNOTATION}: {value!r} is neither 'spread' nor 'holder'; "
+                    f"the cluster's {policy.local_traffic.value!r} applies",
+                )
+            )
     for port in svc.ports:
         if slice_list and slice_port_names and port.name not in slice_port_names:
             problems.append(
@@ -137,10 +165,15 @@ def service_frontends(
             cluster = _targets(sel.cluster)
             external = _targets(sel.local) if sel.local is not None else cluster
             ranges = svc.source_ranges if is_lb else ()
+            key = FrontendKey(ip, port.protocol, port.port)
+            if spreading and is_lb:
+                peers = peer_buckets(bucket_table(spread_weights(endpoints)), node.name)
+                if peers:
+                    spread.append((key, peers))
             frontends.append(
                 Frontend(
                     service=svc.key,
-                    key=FrontendKey(ip, port.protocol, port.port),
+                    key=key,
                     endpoints=external,
                     cluster_endpoints=cluster,
                     local_only=svc.local_policy,
@@ -155,4 +188,5 @@ def service_frontends(
         frontends=tuple(frontends),
         lb_ips=lb_ips,
         problems=tuple(problems),
+        spread=tuple(spread),
     )

@@ -22,12 +22,17 @@ The agent serves the document at `GET /status` on its metrics/health HTTP server
  "frontends": [{"ip": "198.19.0.10", "port": 80,          # port 1..65535
                 "protocol": "TCP" | "UDP" | "SCTP",
                 "service": "default/web",
-                "endpoints": 3, "localEndpoints": 1}]}    # counts >= 0
+                "endpoints": 3, "localEndpoints": 1,      # counts >= 0
+                "spread": {"198.18.0.12": 40}}]}          # optional, below
 ```
 
+`spread` is present only for a frontend this node spreads (`localTraffic: spread`): the
+nodes other than this one that serve its flows, each with the number of buckets it owns
+(1..BUCKETS); this node serves the remaining ones.
+
 Keys not listed are ignored, so an older `nodelb status` reads a newer agent's document.
-Every listed key is required; a wrong type or value raises `StatusFormatError` naming the
-path (`vrrp[0].state: ...`). Everything here is pure.
+Every listed key but `spread` is required; a wrong type or value raises `StatusFormatError`
+naming the path (`vrrp[0].state: ...`). Everything here is pure.
 
 `desired_dict` is the JSON form of a DesiredState (`nodelb render --json`).
 """
@@ -45,6 +50,7 @@ from typing import Any, TypeVar
 from agent.announce.vrrp.control import InstanceStatus
 from agent.model.desired_state import DesiredState, Endpoint, Frontend, FrontendKey
 from agent.model.net import IPAddress, IPFamily, Protocol
+from agent.model.tunnel import BUCKETS, SpreadState
 
 
 def _endpoints(eps: tuple[Endpoint, ...]) -> list[str]:
@@ -94,15 +100,18 @@ def status_document(
     last_sync_full: bool,
     desired: DesiredState | None,
     vrrp: Sequence[InstanceStatus] = (),
+    spread: SpreadState | None = None,
 ) -> StatusDocument:
     """Return the `GET /status` document of an agent (schema above; `to_document` writes it).
 
     `now` and `last_sync_time` are epoch seconds; `last_sync_ok` None means no sync yet (then
     the time and kind are None). Frontends are sorted by address, port and protocol, each with
     its endpoint counts: `endpoints` serve traffic from outside, `local_endpoints` are those
-    inside this node's pod CIDRs.
+    inside this node's pod CIDRs. `spread` is the spreading last applied (None: none), whose
+    buckets are counted per serving node.
     """
     frontends = []
+    buckets = spread.buckets if spread is not None else {}
     local = desired.local_cidrs if desired else ()
     for key in sorted(desired.frontends if desired else (), key=_frontend_order):
         assert desired is not None
@@ -115,6 +124,7 @@ def status_document(
                 service=fe.service,
                 endpoints=len(fe.endpoints),
                 local_endpoints=sum(1 for e in fe.endpoints if any(e.ip in net for net in local)),
+                spread=_bucket_counts(buckets.get(key, ())),
             )
         )
     never = last_sync_ok is None
@@ -146,6 +156,13 @@ def status_document(
         held_ips=tuple(sorted(desired.held_ips, key=_address_order) if desired else ()),
         frontends=tuple(frontends),
     )
+
+
+def _bucket_counts(hops: Sequence[tuple[int, IPAddress]]) -> tuple[tuple[IPAddress, int], ...]:
+    counts: dict[IPAddress, int] = {}
+    for _, hop in hops:
+        counts[hop] = counts.get(hop, 0) + 1
+    return tuple(sorted(counts.items(), key=lambda item: _address_order(item[0])))
 
 
 def _frontend_order(key: FrontendKey) -> tuple[int, int, int, str]:
@@ -219,6 +236,8 @@ class FrontendStatus:
     service: str
     endpoints: int
     local_endpoints: int
+    # The other nodes serving a spread frontend, with their buckets; empty: not spread.
+    spread: tuple[tuple[IPAddress, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,6 +390,14 @@ def _frontend(value: Any, path: str) -> FrontendStatus:
         service=_str(_get(obj, "service", p), f"{p}service", empty=False),
         endpoints=_int(_get(obj, "endpoints", p), f"{p}endpoints", 0),
         local_endpoints=_int(_get(obj, "localEndpoints", p), f"{p}localEndpoints", 0),
+        spread=_spread(obj.get("spread", {}), f"{p}spread"),
+    )
+
+
+def _spread(value: Any, path: str) -> tuple[tuple[IPAddress, int], ...]:
+    obj = _mapping(value, path)
+    return tuple(
+        (_ip(k, f"{path}.{k}"), _int(v, f"{path}.{k}", 1, BUCKETS)) for k, v in obj.items()
     )
 
 
@@ -424,18 +451,22 @@ def to_document(status: StatusDocument) -> dict[str, Any]:
             for v in status.vrrp
         ],
         "heldIPs": [str(ip) for ip in status.held_ips],
-        "frontends": [
-            {
-                "ip": str(f.ip),
-                "port": f.port,
-                "protocol": f.protocol.value.upper(),
-                "service": f.service,
-                "endpoints": f.endpoints,
-                "localEndpoints": f.local_endpoints,
-            }
-            for f in status.frontends
-        ],
+        "frontends": [_frontend_document(f) for f in status.frontends],
     }
+
+
+def _frontend_document(f: FrontendStatus) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "ip": str(f.ip),
+        "port": f.port,
+        "protocol": f.protocol.value.upper(),
+        "service": f.service,
+        "endpoints": f.endpoints,
+        "localEndpoints": f.local_endpoints,
+    }
+    if f.spread:
+        out["spread"] = {str(ip): n for ip, n in f.spread}
+    return out
 
 
 def to_json(status: StatusDocument) -> str:

@@ -48,6 +48,7 @@ BASE: dict[str, Any] = {
     "sync": {"minInterval": 0.1, "fullResyncPeriod": 600, "driftCheckPeriod": 60},
     "metricsAddress": "0.0.0.0:9472",
     "healthCheckNodePorts": True,
+    "localTraffic": "spread",
     "announce": {
         "enabled": True,
         "interface": "eth1",
