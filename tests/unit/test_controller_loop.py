@@ -642,6 +642,9 @@ def test_a_replica_started_with_a_bad_file_stays_unready_and_out_of_the_election
         wait_until(lambda: ctl.unready_reason().startswith("configuration refused"), 10, "refusal")
         assert why in ctl.unready_reason()
         assert not ctl.ready.is_set()
+        # The reason is set before the Event is recorded: wait for the Event too (a loaded
+        # machine showed the gap), then check that it is the only one.
+        wait_until(lambda: events.events, 10, "the ConfigRefused Event")
         assert [e.reason for e in events.events] == ["ConfigRefused"]
         assert "not ready until it is fixed" in events.events[0].message
         assert runner.is_alive()
