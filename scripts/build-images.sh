@@ -162,10 +162,11 @@ load_base() {
 }
 
 # -- the archives ---------------------------------------------------------------------------
-# The reference deploy/daemonset.yaml runs (all its image: lines name the same one).
+# The reference deploy/daemonset.yaml runs (all its image: lines name the same one). The file
+# is rendered by helm, which writes the value in double quotes: take what is inside them.
 nodelb_ref() {
   local refs
-  refs="$(sed -n 's/^[[:space:]]*image:[[:space:]]*\([^[:space:]]*\).*/\1/p' \
+  refs="$(sed -n 's/^[[:space:]]*image:[[:space:]]*"\{0,1\}\([^"[:space:]]*\).*/\1/p' \
     "$ROOT/deploy/daemonset.yaml" | sort -u)"
   [[ -n "$refs" && "$refs" != *$'\n'* ]] ||
     die "deploy/daemonset.yaml: expected one image reference, found: ${refs:-none}"
