@@ -14,43 +14,27 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from kubernetes import client
 
 from agent import logs, memory, status_command
-from agent.announce.announcer import Announcer
 from agent.config import DEFAULT_METRICS_ADDRESS, AgentConfig, ConfigError
 from agent.config_file import load_config
-from agent.controller.api import KubeControllerAPI
-from agent.controller.leader import ElectionTiming
-from agent.controller.loop import Controller, ControllerSettings
-from agent.dataplane.applier import Dataplane
-from agent.dataplane.conntrack import ToolConntrackRunner
-from agent.dataplane.libnft import LibNftRunner
-from agent.dataplane.netlink import NetlinkElementSender
-from agent.dataplane.netlink_dump import NetlinkTableReader
-from agent.dataplane.tamper import TamperGuard
-from agent.http_server import Gate, HealthServer, parse_addresses
-from agent.kube.client import api_client, api_host_addresses
-from agent.kube.contact_probe import ContactProbe
-from agent.kube.event_sender import KubeEventSink
 from agent.kube.manifests import ManifestError, load_files
-from agent.kube.node_report import (
-    MAC_ANNOTATION,
-    REPORT_LABEL,
-    REPORT_LABEL_VALUE,
-    SOURCES_ANNOTATION,
-)
-from agent.kube.node_reporter import NodeReporter
-from agent.kube.reviews import AccessGate, KubeReviewer
 from agent.node.cluster_state import ClusterState, Dirty, listed
-from agent.node.healthcheck import HealthCheckServers
-from agent.node.loop import Agent, list_fns
 from agent.node.status_document import desired_dict
-from agent.serving_cert import DEFAULT_CERT_OUT, server_context
+from agent.serving_cert import DEFAULT_CERT_OUT
 from rules.render import RenderError, render, render_cleanup
+
+if TYPE_CHECKING:
+    from agent.announce.announcer import Announcer
+    from agent.http_server import Gate
+    from agent.kube.node_reporter import NodeReporter
+
+# The long-running roles import what they run inside their own command (PLC0415 allowed
+# there): the kubernetes client, pyroute2, the dataplane and the announcer take ~1 s of CPU
+# to import, which `nodelb render` and `nodelb status` must not pay (docs/decisions.md).
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -148,6 +132,8 @@ def wait_for_config(
     until it is valid), and the file is read again every `period` seconds. Each distinct
     refusal is logged once.
     """
+    from agent.http_server import HealthServer  # noqa: PLC0415
+
     try:
         return load_config(args.config, node_name=args.node_name)
     except ConfigError as exc:
@@ -178,6 +164,23 @@ def wait_for_config(
 
 def cmd_agent(args: argparse.Namespace) -> int:
     """Run the node agent until SIGTERM/SIGINT."""
+    from kubernetes import client  # noqa: PLC0415
+
+    from agent.announce.announcer import Announcer  # noqa: PLC0415
+    from agent.dataplane.applier import Dataplane  # noqa: PLC0415
+    from agent.dataplane.conntrack import ToolConntrackRunner  # noqa: PLC0415
+    from agent.dataplane.libnft import LibNftRunner  # noqa: PLC0415
+    from agent.dataplane.netlink import NetlinkElementSender  # noqa: PLC0415
+    from agent.dataplane.netlink_dump import NetlinkTableReader  # noqa: PLC0415
+    from agent.dataplane.tamper import TamperGuard  # noqa: PLC0415
+    from agent.http_server import HealthServer  # noqa: PLC0415
+    from agent.kube.client import api_client, api_host_addresses  # noqa: PLC0415
+    from agent.kube.contact_probe import ContactProbe  # noqa: PLC0415
+    from agent.kube.event_sender import KubeEventSink  # noqa: PLC0415
+    from agent.kube.reviews import AccessGate, KubeReviewer  # noqa: PLC0415
+    from agent.node.healthcheck import HealthCheckServers  # noqa: PLC0415
+    from agent.node.loop import Agent, list_fns  # noqa: PLC0415
+
     # Before any thread starts: threads keep the malloc arena they first got.
     arenas = memory.limit_malloc_arenas(os.environ)
     # A 1 ms GIL switch interval (Python's default is 5 ms): while a drift check or a full
@@ -299,6 +302,11 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 def node_reporter(api: Any, cfg: AgentConfig, announcer: Announcer) -> NodeReporter:
     """Return the reporter of this node's served IPs, publishing its VRRP advert sources."""
+    from kubernetes import client  # noqa: PLC0415
+
+    from agent.kube.node_report import MAC_ANNOTATION, SOURCES_ANNOTATION  # noqa: PLC0415
+    from agent.kube.node_reporter import NodeReporter  # noqa: PLC0415
+
     duration = cfg.announce.report_lease_seconds
     return NodeReporter(
         client.CoordinationV1Api(api),
@@ -316,6 +324,10 @@ def node_reporter(api: Any, cfg: AgentConfig, announcer: Announcer) -> NodeRepor
 
 def report_list_fn(api: Any, cfg: AgentConfig) -> Any:
     """Return the list call for the node report Leases (the announcer's IPv6 peers)."""
+    from kubernetes import client  # noqa: PLC0415
+
+    from agent.kube.node_report import REPORT_LABEL, REPORT_LABEL_VALUE  # noqa: PLC0415
+
     return functools.partial(
         client.CoordinationV1Api(api).list_namespaced_lease,
         cfg.announce.report_namespace,
@@ -325,6 +337,16 @@ def report_list_fn(api: Any, cfg: AgentConfig) -> Any:
 
 def cmd_controller(args: argparse.Namespace) -> int:
     """Run the allocation controller (leader-elected) until SIGTERM/SIGINT."""
+    from kubernetes import client  # noqa: PLC0415
+
+    from agent.controller.api import KubeControllerAPI  # noqa: PLC0415
+    from agent.controller.leader import ElectionTiming  # noqa: PLC0415
+    from agent.controller.loop import Controller, ControllerSettings  # noqa: PLC0415
+    from agent.http_server import HealthServer  # noqa: PLC0415
+    from agent.kube.client import api_client  # noqa: PLC0415
+    from agent.kube.event_sender import KubeEventSink  # noqa: PLC0415
+    from agent.kube.reviews import AccessGate, KubeReviewer  # noqa: PLC0415
+
     logs.setup(args.log_level, args.log_format)
     log = logging.getLogger("nodelb.controller")
     identity = (
@@ -376,6 +398,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     """Remove the nodelb table from this network namespace (no other table is touched)."""
+    from agent.dataplane.libnft import LibNftRunner  # noqa: PLC0415
+
     LibNftRunner().run(render_cleanup())
     print("removed table inet nodelb (if it existed)")
     return 0
@@ -449,6 +473,9 @@ def cmd_lab(args: argparse.Namespace) -> int:
 def metrics_tls(args: argparse.Namespace, address: str) -> ssl.SSLContext:
     """Return the metrics endpoint's TLS context: the mounted pair, else a self-signed one
     whose certificate is published to --metrics-cert-out (agent/serving_cert.py)."""
+    from agent.http_server import parse_addresses  # noqa: PLC0415
+    from agent.serving_cert import server_context  # noqa: PLC0415
+
     hosts = [h for h, _ in parse_addresses(address) if h not in ("0.0.0.0", "::")]
     return server_context(
         cert_file=args.metrics_cert_file,
