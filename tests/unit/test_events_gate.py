@@ -225,7 +225,9 @@ class FakeEvents:
     refuse: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def create_namespaced_event(self, namespace: str, *, body: Any) -> None:
+    def create_namespaced_event(
+        self, namespace: str, *, body: Any, _preload_content: bool = True
+    ) -> None:
         with self.lock:
             self.writes.append("create")
             if self.refuse:
@@ -233,7 +235,13 @@ class FakeEvents:
             self.objects[body["metadata"]["name"]] = body
 
     def patch_namespaced_event(
-        self, name: str, namespace: str, *, body: Any, _content_type: str
+        self,
+        name: str,
+        namespace: str,
+        *,
+        body: Any,
+        _content_type: str,
+        _preload_content: bool = True,
     ) -> None:
         with self.lock:
             self.writes.append("patch")
@@ -343,3 +351,81 @@ def test_the_thread_writes_what_is_recorded_and_flushes_held_repeats_on_close() 
     finally:
         sink.close()
     assert len(api.objects) == 1
+
+
+# -- a bulk start: flow control and concurrent writes ----------------------------------------
+
+
+def allocated(i: int) -> Event:
+    """Return Service i's allocation Event: one distinct Event per Service, nothing folds."""
+    ref = ObjectRef(kind="Service", namespace="ns", name=f"svc-{i}", uid=f"u{i}")
+    return Event(ref, "Normal", "IPAllocated", f"allocated 198.19.0.{i % 250}")
+
+
+def test_a_bulk_start_without_flow_control_overflows_the_queue_and_counts_it() -> None:
+    # The failure the flow control exists for: 10x the bound, recorded faster than written.
+    api, clock = FakeEvents(), Clock()
+    sink = sink_with(api, clock, max_pending=50)
+    full = sample("nodelb_events_dropped_total", reason="queue_full")
+    for i in range(500):
+        sink.record(allocated(i))
+    assert sample("nodelb_events_dropped_total", reason="queue_full") - full == 450
+
+
+def test_a_bulk_start_that_waits_for_room_loses_no_event() -> None:
+    api = FakeEvents()
+    sink = KubeEventSink(api, component="nodelb-controller", host="c", max_pending=50, senders=4)
+    full = sample("nodelb_events_dropped_total", reason="queue_full")
+    sink.run()
+    try:
+        for i in range(2000):
+            assert sink.wait_room(10.0), f"no room after 10 s at Event {i}"
+            sink.record(allocated(i))
+        wait_until(lambda: len(api.objects) == 2000, 10, "2000 Events created")
+    finally:
+        sink.close()
+    assert sample("nodelb_events_dropped_total", reason="queue_full") == full
+    assert api.writes.count("create") == 2000 and api.total() == 2000
+
+
+def test_wait_room_says_false_when_the_queue_stays_full_and_true_once_it_drains() -> None:
+    api, clock = FakeEvents(), Clock()
+    sink = sink_with(api, clock, max_pending=10, room_below=3)
+    for i in range(3):
+        sink.record(allocated(i))
+    assert sink.wait_room(0.01) is False  # three waiting, room only below three
+    sink.send_ready()
+    assert sink.wait_room(0.0) is True
+    sink.close()
+    assert sink.wait_room(0.0) is False  # a stopped sink has no room to offer
+
+
+@dataclass
+class RendezvousEvents(FakeEvents):
+    """Creates return only once `parties` of them are in flight together."""
+
+    parties: int = 4
+    barrier: threading.Barrier = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.barrier = threading.Barrier(self.parties, timeout=10)
+
+    def create_namespaced_event(
+        self, namespace: str, *, body: Any, _preload_content: bool = True
+    ) -> None:
+        self.barrier.wait()  # serial writes would break it (BrokenBarrierError: a refusal)
+        super().create_namespaced_event(namespace, body=body)
+
+
+def test_the_sender_writes_a_backlog_over_concurrent_requests() -> None:
+    api = RendezvousEvents(parties=4)
+    sink = KubeEventSink(api, component="nodelb-controller", host="c", senders=4)
+    errors = sample("nodelb_events_dropped_total", reason="api_error")
+    for i in range(8):
+        sink.record(allocated(i))
+    sink.run()
+    try:
+        wait_until(lambda: len(api.objects) == 8, 15, "8 Events created four at a time")
+    finally:
+        sink.close()
+    assert sample("nodelb_events_dropped_total", reason="api_error") == errors
