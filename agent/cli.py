@@ -364,10 +364,19 @@ def cmd_controller(args: argparse.Namespace) -> int:
         election=timing,
         config_map=args.config_map,
     )
-    # Four watches, the Lease, the status writers and the Event sender each hold a connection.
-    api = api_client(args.kubeconfig, pool_size=9 + settings.write_concurrency)
-    events = KubeEventSink(client.CoreV1Api(api), component="nodelb-controller", host=identity)
-    controller = Controller(KubeControllerAPI(api), settings, events=events)
+    if args.write_concurrency is not None:
+        if args.write_concurrency < 1:
+            raise ConfigError("--write-concurrency must be at least 1")
+        settings = dataclasses.replace(settings, write_concurrency=args.write_concurrency)
+    # The watches, the Lease, the status writers and the Event senders each hold a connection.
+    senders = 4  # Event writes in flight
+    api = api_client(args.kubeconfig, pool_size=9 + settings.write_concurrency + senders)
+    events = KubeEventSink(
+        client.CoreV1Api(api), component="nodelb-controller", host=identity, senders=senders
+    )
+    controller = Controller(
+        KubeControllerAPI(api), settings, events=events, event_room=events.wait_room
+    )
     stop = threading.Event()
     crashes = Crashes(stop, log)
     loop = threading.Thread(
@@ -531,6 +540,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-duration", type=int, default=15, help="seconds")
     p.add_argument("--renew-deadline", type=float, default=10.0, help="seconds")
     p.add_argument("--retry-period", type=float, default=2.0, help="seconds")
+    p.add_argument(
+        "--write-concurrency",
+        type=int,
+        default=None,
+        help="Service writes in flight at once, one per Service at most (default: 16)",
+    )
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-format", choices=("json", "text"), default="json")
     p.set_defaults(func=cmd_controller)

@@ -52,6 +52,9 @@ class _Sink:
     def close(self) -> None:
         pass
 
+    def wait_room(self, timeout: float) -> bool:
+        return True
+
 
 class _CrashingController:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
