@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from agent.kube import metrics
+from agent.kube.client import read_body
 from agent.kube.events import DropReason, Event, EventCorrelator, EventWrite, WriteAction
 
 log = logging.getLogger(__name__)
@@ -154,17 +155,18 @@ class KubeEventSink:
         try:
             # The answer is not read into the client's models: a bulk start sends thousands.
             if write.action is WriteAction.CREATE:
-                self._api.create_namespaced_event(
+                resp = self._api.create_namespaced_event(
                     namespace, body=self.body(write), _preload_content=False
                 )
             else:
-                self._api.patch_namespaced_event(
+                resp = self._api.patch_namespaced_event(
                     write.name,
                     namespace,
                     body=self.patch(write),
                     _content_type=MERGE_PATCH,
                     _preload_content=False,
                 )
+            read_body(resp)  # gives the connection back to the pool
         except Exception as exc:
             gone = write.action is WriteAction.PATCH and getattr(exc, "status", None) == 404
             with self._cond:

@@ -217,22 +217,43 @@ def test_drain_returns_what_still_waits() -> None:
 
 
 @dataclass
+class RawAnswer:
+    """A raw response (`_preload_content=False`): its connection is held until released."""
+
+    api: FakeEvents
+    data: bytes = b"{}"
+
+    def release_conn(self) -> None:
+        with self.api.lock:
+            self.api.held -= 1
+
+
+@dataclass
 class FakeEvents:
-    """The Event part of CoreV1Api, in memory: creates, patches, and refusals on demand."""
+    """The Event part of CoreV1Api, in memory: creates, patches, and refusals on demand.
+    `held` counts the connections answers still hold (a raw answer keeps its connection until
+    it is released)."""
 
     objects: dict[str, dict[str, Any]] = field(default_factory=dict)
     writes: list[str] = field(default_factory=list)
     refuse: bool = False
+    held: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def answer(self) -> RawAnswer:
+        with self.lock:
+            self.held += 1
+        return RawAnswer(self)
 
     def create_namespaced_event(
         self, namespace: str, *, body: Any, _preload_content: bool = True
-    ) -> None:
+    ) -> RawAnswer:
         with self.lock:
             self.writes.append("create")
             if self.refuse:
                 raise RuntimeError("apiserver says no")
             self.objects[body["metadata"]["name"]] = body
+        return self.answer()
 
     def patch_namespaced_event(
         self,
@@ -242,7 +263,7 @@ class FakeEvents:
         body: Any,
         _content_type: str,
         _preload_content: bool = True,
-    ) -> None:
+    ) -> RawAnswer:
         with self.lock:
             self.writes.append("patch")
             if name not in self.objects:
@@ -250,6 +271,7 @@ class FakeEvents:
                 exc.status = 404  # type: ignore[attr-defined]
                 raise exc
             self.objects[name].update(body)
+        return self.answer()
 
     def total(self) -> int:
         with self.lock:
@@ -386,6 +408,9 @@ def test_a_bulk_start_that_waits_for_room_loses_no_event() -> None:
         sink.close()
     assert sample("nodelb_events_dropped_total", reason="queue_full") == full
     assert api.writes.count("create") == 2000 and api.total() == 2000
+    # Every answer gave its connection back: unreleased, they drain the client's pool and
+    # every later request opens a new TLS connection.
+    assert api.held == 0
 
 
 def test_wait_room_says_false_when_the_queue_stays_full_and_true_once_it_drains() -> None:
@@ -412,9 +437,9 @@ class RendezvousEvents(FakeEvents):
 
     def create_namespaced_event(
         self, namespace: str, *, body: Any, _preload_content: bool = True
-    ) -> None:
+    ) -> RawAnswer:
         self.barrier.wait()  # serial writes would break it (BrokenBarrierError: a refusal)
-        super().create_namespaced_event(namespace, body=body)
+        return super().create_namespaced_event(namespace, body=body)
 
 
 def test_the_sender_writes_a_backlog_over_concurrent_requests() -> None:
