@@ -12,9 +12,11 @@ ClusterIPs) created in parallel with no controller running. Then:
    `nodelb_status_writes_total{result="ok"}` reaches S (scraped from its /metrics, so the
    bench adds no apiserver load while it waits). API requests per allocation come from the
    apiserver's own `apiserver_request_total`, before and after (the two scrapes subtracted).
-   Controller VmRSS / VmHWM from /proc at the end. Then, until every allocation's Event is
-   in the API (the counts of its Events there) or counted as dropped: the Events recorded,
-   written and dropped (its metrics), and the time from its start until then (`events_s`).
+   Controller VmRSS / VmHWM from /proc at the end; the CPU the controller (its whole life),
+   kube-apiserver and etcd (that phase) used, per allocation. Then, until every allocation's
+   Event is in the API (the counts of its Events there) or counted as dropped: the Events
+   recorded, written and dropped (its metrics), and the time from its start until then
+   (`events_s`).
 3. **restart** — the replica is stopped (SIGTERM), a new one starts; timed until a Service
    created after the start has an address (it is allocated after every existing one is
    re-checked), and the number of status writes it made for the S existing ones (expected 0).
@@ -48,7 +50,7 @@ from agent.controller.service_status import parse_view
 from agent.kube.lists import ListFn, list_all
 from agent.model.pools import Forbidden, parse_pools
 from bench.e2e_latency import EXTRA_SERVICE_CIDR
-from bench.measure import proc_mem_mb
+from bench.measure import proc_cpu_s, proc_mem_mb
 from lab.controllers import ControllerSet
 from lab.controlplane import ControlPlane
 from lab.topology import Lab, LabSpec
@@ -191,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         figures["reference_per_s"] = ref_n / ref_s
 
         before = apiserver_requests(api, cp)
+        servers = {what: proc.pid for what, proc in cp._procs}  # etcd, kube-apiserver
+        cpu0 = {what: proc_cpu_s(pid) for what, pid in servers.items()}
         t0 = time.monotonic()
         extra = (f"--write-concurrency={args.write_concurrency}",) if args.write_concurrency else ()
         proc = cs.start("bench-1", extra=extra)
@@ -198,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         ctl_s = time.monotonic() - t0
         after = apiserver_requests(api, cp)
         rss, hwm = proc_mem_mb(proc.pid)
+        # CPU per allocation: less at the mercy of a shared machine than allocations/s.
+        figures["controller_cpu_ms_per_allocation"] = proc_cpu_s(proc.pid) * 1000 / n
+        for what, pid in servers.items():
+            used = proc_cpu_s(pid) - cpu0[what]
+            figures[f"{what.replace('-', '_')}_cpu_ms_per_allocation"] = used * 1000 / n
 
         # Every Event occurrence the replica recorded is in an Event's count in the API, or
         # counted as dropped, before it stops.
@@ -243,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         "controller_per_s",
         "ratio_controller_to_reference",
         "api_requests_per_allocation",
+        "controller_cpu_ms_per_allocation",
+        "kube_apiserver_cpu_ms_per_allocation",
+        "etcd_cpu_ms_per_allocation",
         "controller_rss_mb",
         "controller_hwm_mb",
         "restart_to_new_allocation_s",
