@@ -49,8 +49,10 @@ class KubeEventSink:
 
     `max_pending` bounds the distinct Events waiting (repeats of a waiting one cost nothing);
     `wait_room` lets a producer wait while `room_below` or more are not yet written (default
-    half of `max_pending`); `senders` writes go at once; `monotonic` and `wall` are the
-    clocks (tests pass their own and call `send_ready`, which then writes one at a time).
+    half of `max_pending`); `senders` writes go at once (1 by default: the agent's few Events
+    stay within its small connection pool; the controller passes 4); `monotonic` and `wall`
+    are the clocks (tests pass their own and call `send_ready`, which then writes one at a
+    time).
     """
 
     def __init__(
@@ -61,7 +63,7 @@ class KubeEventSink:
         host: str,
         max_pending: int = 1000,
         room_below: int | None = None,
-        senders: int = 4,
+        senders: int = 1,
         correlator: EventCorrelator | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime.datetime] = _utcnow,
