@@ -14,44 +14,27 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from kubernetes import client
 
 from agent import logs, memory, status_command
-from agent.announce.announcer import Announcer
 from agent.config import DEFAULT_METRICS_ADDRESS, AgentConfig, ConfigError
 from agent.config_file import load_config
-from agent.controller.api import KubeControllerAPI
-from agent.controller.leader import ElectionTiming
-from agent.controller.loop import Controller, ControllerSettings
-from agent.dataplane.applier import Dataplane
-from agent.dataplane.conntrack import ToolConntrackRunner
-from agent.dataplane.libnft import LibNftRunner
-from agent.dataplane.netlink import NetlinkElementSender
-from agent.dataplane.netlink_dump import NetlinkTableReader
-from agent.dataplane.spread_plane import SpreadPlane
-from agent.dataplane.tamper import TamperGuard
-from agent.http_server import Gate, HealthServer, parse_addresses
-from agent.kube.client import api_client, api_host_addresses
-from agent.kube.contact_probe import ContactProbe
-from agent.kube.event_sender import KubeEventSink
 from agent.kube.manifests import ManifestError, load_files
-from agent.kube.node_report import (
-    MAC_ANNOTATION,
-    REPORT_LABEL,
-    REPORT_LABEL_VALUE,
-    SOURCES_ANNOTATION,
-)
-from agent.kube.node_reporter import NodeReporter
-from agent.kube.reviews import AccessGate, KubeReviewer
 from agent.node.cluster_state import ClusterState, Dirty, listed
-from agent.node.healthcheck import HealthCheckServers
-from agent.node.loop import Agent, list_fns
 from agent.node.status_document import desired_dict
-from agent.serving_cert import DEFAULT_CERT_OUT, server_context
+from agent.serving_cert import DEFAULT_CERT_OUT
 from rules.render import RenderError, render, render_cleanup
+
+if TYPE_CHECKING:
+    from agent.announce.announcer import Announcer
+    from agent.http_server import Gate
+    from agent.kube.node_reporter import NodeReporter
+
+# The long-running roles import what they run inside their own command (PLC0415 allowed
+# there): the kubernetes client, pyroute2, the dataplane and the announcer take ~1 s of CPU
+# to import, which `nodelb render` and `nodelb status` must not pay (docs/decisions.md).
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -149,6 +132,8 @@ def wait_for_config(
     until it is valid), and the file is read again every `period` seconds. Each distinct
     refusal is logged once.
     """
+    from agent.http_server import HealthServer  # noqa: PLC0415
+
     try:
         return load_config(args.config, node_name=args.node_name)
     except ConfigError as exc:
@@ -179,6 +164,24 @@ def wait_for_config(
 
 def cmd_agent(args: argparse.Namespace) -> int:
     """Run the node agent until SIGTERM/SIGINT."""
+    from kubernetes import client  # noqa: PLC0415
+
+    from agent.announce.announcer import Announcer  # noqa: PLC0415
+    from agent.dataplane.applier import Dataplane  # noqa: PLC0415
+    from agent.dataplane.conntrack import ToolConntrackRunner  # noqa: PLC0415
+    from agent.dataplane.libnft import LibNftRunner  # noqa: PLC0415
+    from agent.dataplane.netlink import NetlinkElementSender  # noqa: PLC0415
+    from agent.dataplane.netlink_dump import NetlinkTableReader  # noqa: PLC0415
+    from agent.dataplane.spread_plane import SpreadPlane  # noqa: PLC0415
+    from agent.dataplane.tamper import TamperGuard  # noqa: PLC0415
+    from agent.http_server import HealthServer  # noqa: PLC0415
+    from agent.kube.client import api_client, api_host_addresses  # noqa: PLC0415
+    from agent.kube.contact_probe import ContactProbe  # noqa: PLC0415
+    from agent.kube.event_sender import KubeEventSink  # noqa: PLC0415
+    from agent.kube.reviews import AccessGate, KubeReviewer  # noqa: PLC0415
+    from agent.node.healthcheck import HealthCheckServers  # noqa: PLC0415
+    from agent.node.loop import Agent, list_fns  # noqa: PLC0415
+
     # Before any thread starts: threads keep the malloc arena they first got.
     arenas = memory.limit_malloc_arenas(os.environ)
     # A 1 ms GIL switch interval (Python's default is 5 ms): while a drift check or a full
@@ -302,6 +305,11 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 def node_reporter(api: Any, cfg: AgentConfig, announcer: Announcer) -> NodeReporter:
     """Return the reporter of this node's served IPs, publishing its VRRP advert sources."""
+    from kubernetes import client  # noqa: PLC0415
+
+    from agent.kube.node_report import MAC_ANNOTATION, SOURCES_ANNOTATION  # noqa: PLC0415
+    from agent.kube.node_reporter import NodeReporter  # noqa: PLC0415
+
     duration = cfg.announce.report_lease_seconds
     return NodeReporter(
         client.CoordinationV1Api(api),
@@ -319,6 +327,10 @@ def node_reporter(api: Any, cfg: AgentConfig, announcer: Announcer) -> NodeRepor
 
 def report_list_fn(api: Any, cfg: AgentConfig) -> Any:
     """Return the list call for the node report Leases (the announcer's IPv6 peers)."""
+    from kubernetes import client  # noqa: PLC0415
+
+    from agent.kube.node_report import REPORT_LABEL, REPORT_LABEL_VALUE  # noqa: PLC0415
+
     return functools.partial(
         client.CoordinationV1Api(api).list_namespaced_lease,
         cfg.announce.report_namespace,
@@ -328,6 +340,16 @@ def report_list_fn(api: Any, cfg: AgentConfig) -> Any:
 
 def cmd_controller(args: argparse.Namespace) -> int:
     """Run the allocation controller (leader-elected) until SIGTERM/SIGINT."""
+    from kubernetes import client  # noqa: PLC0415
+
+    from agent.controller.api import KubeControllerAPI  # noqa: PLC0415
+    from agent.controller.leader import ElectionTiming  # noqa: PLC0415
+    from agent.controller.loop import Controller, ControllerSettings  # noqa: PLC0415
+    from agent.http_server import HealthServer  # noqa: PLC0415
+    from agent.kube.client import api_client  # noqa: PLC0415
+    from agent.kube.event_sender import KubeEventSink  # noqa: PLC0415
+    from agent.kube.reviews import AccessGate, KubeReviewer  # noqa: PLC0415
+
     logs.setup(args.log_level, args.log_format)
     log = logging.getLogger("nodelb.controller")
     identity = (
@@ -345,11 +367,20 @@ def cmd_controller(args: argparse.Namespace) -> int:
         election=timing,
         config_map=args.config_map,
     )
+    if args.write_concurrency is not None:
+        if args.write_concurrency < 1:
+            raise ConfigError("--write-concurrency must be at least 1")
+        settings = dataclasses.replace(settings, write_concurrency=args.write_concurrency)
     # Up to six watches (the pools' with pool objects), the Lease, the status writers and the
-    # Event sender each hold a connection.
-    api = api_client(args.kubeconfig, pool_size=10 + settings.write_concurrency)
-    events = KubeEventSink(client.CoreV1Api(api), component="nodelb-controller", host=identity)
-    controller = Controller(KubeControllerAPI(api), settings, events=events)
+    # Event senders each hold a connection.
+    senders = 4  # Event writes in flight
+    api = api_client(args.kubeconfig, pool_size=10 + settings.write_concurrency + senders)
+    events = KubeEventSink(
+        client.CoreV1Api(api), component="nodelb-controller", host=identity, senders=senders
+    )
+    controller = Controller(
+        KubeControllerAPI(api), settings, events=events, event_room=events.wait_room
+    )
     stop = threading.Event()
     crashes = Crashes(stop, log)
     loop = threading.Thread(
@@ -380,6 +411,9 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     """Remove the nodelb table from this network namespace (no other table is touched)."""
+    from agent.dataplane.libnft import LibNftRunner  # noqa: PLC0415
+    from agent.dataplane.spread_plane import SpreadPlane  # noqa: PLC0415
+
     runner = LibNftRunner()
     runner.run(render_cleanup())
     SpreadPlane(runner).remove()
@@ -455,6 +489,9 @@ def cmd_lab(args: argparse.Namespace) -> int:
 def metrics_tls(args: argparse.Namespace, address: str) -> ssl.SSLContext:
     """Return the metrics endpoint's TLS context: the mounted pair, else a self-signed one
     whose certificate is published to --metrics-cert-out (agent/serving_cert.py)."""
+    from agent.http_server import parse_addresses  # noqa: PLC0415
+    from agent.serving_cert import server_context  # noqa: PLC0415
+
     hosts = [h for h, _ in parse_addresses(address) if h not in ("0.0.0.0", "::")]
     return server_context(
         cert_file=args.metrics_cert_file,
@@ -510,6 +547,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-duration", type=int, default=15, help="seconds")
     p.add_argument("--renew-deadline", type=float, default=10.0, help="seconds")
     p.add_argument("--retry-period", type=float, default=2.0, help="seconds")
+    p.add_argument(
+        "--write-concurrency",
+        type=int,
+        default=None,
+        help="Service writes in flight at once, one per Service at most (default: 16)",
+    )
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-format", choices=("json", "text"), default="json")
     p.set_defaults(func=cmd_controller)

@@ -12,7 +12,11 @@ ClusterIPs) created in parallel with no controller running. Then:
    `nodelb_status_writes_total{result="ok"}` reaches S (scraped from its /metrics, so the
    bench adds no apiserver load while it waits). API requests per allocation come from the
    apiserver's own `apiserver_request_total`, before and after (the two scrapes subtracted).
-   Controller VmRSS / VmHWM from /proc at the end.
+   Controller VmRSS / VmHWM from /proc at the end; the CPU the controller (its whole life),
+   kube-apiserver and etcd (that phase) used, per allocation. Then, until every allocation's
+   Event is in the API (the counts of its Events there) or counted as dropped: the Events
+   recorded, written and dropped (its metrics), and the time from its start until then
+   (`events_s`).
 3. **restart** — the replica is stopped (SIGTERM), a new one starts; timed until a Service
    created after the start has an address (it is allocated after every existing one is
    re-checked), and the number of status writes it made for the S existing ones (expected 0).
@@ -20,6 +24,7 @@ ClusterIPs) created in parallel with no controller running. Then:
 Prints a table, then as its last line one JSON object with the figures.
 
     .venv/bin/python -m bench.allocator [--services 10000] [--threads 8] [--workdir DIR]
+        [--write-concurrency N]
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from agent.controller.service_status import parse_view
 from agent.kube.lists import ListFn, list_all
 from agent.model.pools import Forbidden, parse_pools
 from bench.e2e_latency import EXTRA_SERVICE_CIDR
-from bench.measure import proc_mem_mb
+from bench.measure import proc_cpu_s, proc_mem_mb
 from lab.controllers import ControllerSet
 from lab.controlplane import ControlPlane
 from lab.topology import Lab, LabSpec
@@ -56,6 +61,9 @@ POOLS = [{"name": "bench", "addresses": ["198.19.0.0/16"]}]
 REQUEST_TIMEOUT = 30.0
 _REQUESTS = re.compile(r"^apiserver_request_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 _WRITES_OK = re.compile(r'^nodelb_status_writes_total\{result="ok"\} ([0-9.e+]+)$', re.M)
+_EVENT_WRITES = re.compile(r"^nodelb_event_writes_total\{[^}]*\} ([0-9.e+]+)$", re.M)
+_EVENTS_DROPPED = re.compile(r"^nodelb_events_dropped_total\{[^}]*\} ([0-9.e+]+)$", re.M)
+_EVENTS_RECORDED = re.compile(r"^nodelb_events_recorded_total ([0-9.e+]+)$", re.M)
 
 
 def service_body(i: int) -> dict[str, Any]:
@@ -86,6 +94,27 @@ def writes_ok(cs: ControllerSet, name: str) -> float:
     return float(found[0]) if found else 0.0
 
 
+def event_figures(cs: ControllerSet, name: str) -> dict[str, float]:
+    """Return the replica's Event occurrences recorded, API writes made, and drops."""
+    code, text = cs.scrape(name)
+    assert code == 200, code
+    return {
+        key: sum(float(m) for m in pattern.findall(text))
+        for key, pattern in (
+            ("events_recorded", _EVENTS_RECORDED),
+            ("event_writes", _EVENT_WRITES),
+            ("events_dropped", _EVENTS_DROPPED),
+        )
+    }
+
+
+def api_event_count(core: kclient.CoreV1Api, replica: str) -> int:
+    """Return the occurrences the Events of controller `replica` add up to, in the API."""
+    raw: Any = core.list_event_for_all_namespaces(_preload_content=False)
+    items = orjson.loads(raw.data).get("items") or []
+    return sum(int(e.get("count") or 1) for e in items if e.get("reportingInstance") == replica)
+
+
 def reference(api: kclient.ApiClient) -> tuple[float, int]:
     """Return (seconds, allocations) for the pure allocator over one LIST of the Services."""
     core = kclient.CoreV1Api(api)
@@ -105,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--services", type=int, default=10000)
     p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--write-concurrency", type=int, help="the controller's (default: its own)")
     p.add_argument("--workdir", type=Path, help="keep files and logs here (default: temporary)")
     args = p.parse_args(argv)
     n = args.services
@@ -163,12 +193,31 @@ def main(argv: list[str] | None = None) -> int:
         figures["reference_per_s"] = ref_n / ref_s
 
         before = apiserver_requests(api, cp)
+        servers = {what: proc.pid for what, proc in cp._procs}  # etcd, kube-apiserver
+        cpu0 = {what: proc_cpu_s(pid) for what, pid in servers.items()}
         t0 = time.monotonic()
-        proc = cs.start("bench-1")
+        extra = (f"--write-concurrency={args.write_concurrency}",) if args.write_concurrency else ()
+        proc = cs.start("bench-1", extra=extra)
         wait_until(lambda: writes_ok(cs, "bench-1") >= n, 3600, f"{n} status writes", interval=0.5)
         ctl_s = time.monotonic() - t0
         after = apiserver_requests(api, cp)
         rss, hwm = proc_mem_mb(proc.pid)
+        # CPU per allocation: less at the mercy of a shared machine than allocations/s.
+        figures["controller_cpu_ms_per_allocation"] = proc_cpu_s(proc.pid) * 1000 / n
+        for what, pid in servers.items():
+            used = proc_cpu_s(pid) - cpu0[what]
+            figures[f"{what.replace('-', '_')}_cpu_ms_per_allocation"] = used * 1000 / n
+
+        # Every Event occurrence the replica recorded is in an Event's count in the API, or
+        # counted as dropped, before it stops.
+        def events_settled() -> bool:
+            f = event_figures(cs, "bench-1")
+            in_api = api_event_count(core, "bench-1")
+            figures.update(f, events_in_api=in_api)
+            return in_api + f["events_dropped"] >= f["events_recorded"]
+
+        wait_until(events_settled, 600, "the Events written or dropped", interval=1.0)
+        figures["events_s"] = time.monotonic() - t0
         figures |= {
             "controller_s": ctl_s,
             "controller_per_s": n / ctl_s,
@@ -203,10 +252,18 @@ def main(argv: list[str] | None = None) -> int:
         "controller_per_s",
         "ratio_controller_to_reference",
         "api_requests_per_allocation",
+        "controller_cpu_ms_per_allocation",
+        "kube_apiserver_cpu_ms_per_allocation",
+        "etcd_cpu_ms_per_allocation",
         "controller_rss_mb",
         "controller_hwm_mb",
         "restart_to_new_allocation_s",
         "restart_writes",
+        "events_recorded",
+        "event_writes",
+        "events_in_api",
+        "events_dropped",
+        "events_s",
     ):
         print(f"{key:<34} {figures[key]:>12.3f}")
     print(json.dumps(figures))

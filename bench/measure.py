@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -22,3 +23,10 @@ def proc_mem_mb(pid: int | str = "self") -> tuple[float, float]:
         elif line.startswith("VmHWM:"):
             hwm = int(line.split()[1]) / 1024
     return rss, hwm
+
+
+def proc_cpu_s(pid: int | str = "self") -> float:
+    """Return the CPU seconds (user + system) process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # After the command's closing parenthesis: state is field 3, utime 14 and stime 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -30,6 +30,7 @@ import urllib3.exceptions
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from agent.kube.client import read_body
 from agent.kube.lists import ListFn, list_all
 from agent.kube.node_report import REPORT_LABEL, REPORT_LABEL_VALUE
 
@@ -204,7 +205,7 @@ class KubeControllerAPI:
             if exc.status in (404, 409):
                 return CONFLICT
             raise
-        obj = orjson.loads(raw.data)
+        obj = orjson.loads(read_body(raw))
         version = (
             (obj.get("metadata") or {}).get("resourceVersion") if isinstance(obj, dict) else None
         )
@@ -215,7 +216,7 @@ class KubeControllerAPI:
     def list_nodes(self) -> list[dict[str, Any]]:
         with _as_api_error():
             raw: Any = self._core.list_node(_preload_content=False)
-        items: list[dict[str, Any]] = orjson.loads(raw.data).get("items") or []
+        items: list[dict[str, Any]] = orjson.loads(read_body(raw)).get("items") or []
         return items
 
     def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -228,7 +229,7 @@ class KubeControllerAPI:
             if exc.status == 404:
                 return None
             raise
-        lease: dict[str, Any] = orjson.loads(raw.data)
+        lease: dict[str, Any] = orjson.loads(read_body(raw))
         return lease
 
     def create_lease(self, namespace: str, body: dict[str, Any]) -> bool:
@@ -247,7 +248,7 @@ class KubeControllerAPI:
     def _written(call: functools.partial[Any]) -> bool:
         try:
             with _as_api_error():
-                call(_preload_content=False)
+                read_body(call(_preload_content=False))  # unread, it would keep its connection
         except APIError as exc:
             if exc.status in (409, 422):  # another candidate wrote first
                 return False

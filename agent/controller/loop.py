@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,6 +108,7 @@ METRICS_PERIOD = 1.0  # seconds between two exports of the pool gauges
 MAX_WAIT = 1.0  # seconds the loop sleeps at most with nothing due
 SERVING_REASONS = frozenset(r.value for r in Unservable)
 EVENT_MESSAGE_MAX = 1000  # characters of a refusal kept in its Event (a long one is cut)
+EVENT_ROOM_WAIT = 30.0  # seconds a write waits for room in the Event queue, then goes anyway
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +125,7 @@ class ControllerSettings:
     reload_period: float = 2.0
     conflict_retry: float = 1.0
     error_retry: float = 5.0
-    write_concurrency: int = 4  # status patches in flight (one per Service at most)
+    write_concurrency: int = 16  # Service writes in flight (one per Service at most)
 
 
 def node_labels(obj: Mapping[str, Any]) -> Labels:
@@ -143,8 +144,11 @@ class Controller:
     """The allocation controller; start with `run(stop)` (blocks until stop is set).
 
     `writer` runs the status patches (a pool of `write_concurrency` threads by default; tests
-    pass one that runs them when told). Tests call `step()` instead of `run()` and feed the
-    stores through `on_services` / `on_namespaces` / `on_reports`, as the reflectors do.
+    pass one that runs them when told). `event_room(timeout)` is the Event sink's flow
+    control (`KubeEventSink.wait_room`): each write waits for room for the Events it will
+    cause before it is sent, so a bulk start does not overflow the sink's queue. Tests call
+    `step()` instead of `run()` and feed the stores through `on_services` / `on_namespaces` /
+    `on_reports`, as the reflectors do.
     """
 
     def __init__(
@@ -155,8 +159,10 @@ class Controller:
         events: EventSink,
         clock: Clock | None = None,
         writer: Executor | None = None,
+        event_room: Callable[[float], bool] | None = None,
     ) -> None:
         self._settings = settings
+        self._event_room = event_room
         self._api = api
         self._clock = clock or SystemClock()
         self._events = events
@@ -633,6 +639,8 @@ class Controller:
     def _write(self, write: StatusWrite) -> WriteResult:
         """Send one write's requests in order (writer thread); the leader check is the last
         thing before them. A conflict or error ends the write at that request."""
+        if self._event_room is not None and not self._event_room(EVENT_ROOM_WAIT):
+            log.debug("Event queue still full; writing anyway", extra={"service": write.key})
         if not self.elector.is_leader():
             return WriteResult(WriteOutcome.NOT_LEADER)
         view = write.view
@@ -684,6 +692,8 @@ class Controller:
         return patched
 
     def _completed(self, write: StatusWrite, future: Future[WriteResult]) -> None:
+        if future.cancelled():
+            return  # the writer pool shut down with it queued: the process is stopping
         exc = future.exception()
         if exc is not None:
             log.error("Service write crashed", extra={"service": write.key}, exc_info=exc)

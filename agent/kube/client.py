@@ -26,6 +26,20 @@ def api_client(kubeconfig: Path | None, *, pool_size: int = 8) -> Any:
     return client.ApiClient(configuration)
 
 
+def read_body(resp: Any) -> bytes:
+    """Return the body of a raw response (`_preload_content=False`) and give its connection
+    back to the pool.
+
+    A raw response whose body is never read keeps its pooled connection: the pool runs dry
+    and every later request opens a new TLS connection (the handshake cost more than the
+    request at 10k Services). Reading the whole body releases it; `release_conn` makes sure.
+    """
+    try:
+        return bytes(resp.data)
+    finally:
+        resp.release_conn()
+
+
 def api_host_addresses(api: Any) -> tuple[IPAddress, ...]:
     """Return the address the client reaches the API server at, when its URL names an IP
     literal (a host name gives none: resolving it here would be a guess)."""

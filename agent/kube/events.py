@@ -179,6 +179,11 @@ class EventCorrelator:
         """Return the occurrences waiting to be written."""
         return sum(p.n for p in self._pending.values())
 
+    @property
+    def backlog(self) -> int:
+        """Return the distinct Events not yet written: waiting, or written with no outcome."""
+        return len(self._pending) + len(self._inflight)
+
     def record(self, event: Event, *, now: float, wall: datetime.datetime) -> DropReason | None:
         """Take one occurrence of `event`; return why it was dropped, or None (it waits)."""
         obj = _object_key(event.ref)

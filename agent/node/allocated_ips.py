@@ -55,7 +55,7 @@ class IPOwners:
             moved |= self._elect(ip)
         for ip in lb_now - lb_before:
             self._claims.setdefault(ip, {})[key] = age
-            moved |= self._elect(ip)
+            moved |= self._claim(ip, key, age)
         self._set(self._lb_of, key, lb_now)
         ext_now, ext_before = frozenset(external_ips), self._ext_of.get(key, frozenset())
         for ip in ext_before - ext_now:
@@ -67,6 +67,16 @@ class IPOwners:
             self._users.setdefault(ip, set()).add(key)
         self._set(self._ext_of, key, ext_now)
         return {user for ip in moved for user in self._users.get(ip, ())} - {key}
+
+    def _claim(self, ip: IPAddress, key: str, age: Age) -> set[IPAddress]:
+        """Give `ip` to its new claimant `key` if it is older than the owner; return {ip} when
+        the owner changed. One comparison: a full election per claim made N Services sharing
+        an address cost O(N²)."""
+        owner = self._owner.get(ip)
+        if owner is not None and (self._claims[ip][owner], owner) <= (age, key):
+            return set()
+        self._owner[ip] = key
+        return {ip}
 
     def _elect(self, ip: IPAddress) -> set[IPAddress]:
         """Give `ip` to its oldest claimant; return {ip} when its owner changed."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import random
 
+from agent.model.net import IPAddress
 from agent.node.allocated_ips import IPOwners
 
 A, B = ipaddress.ip_address("198.18.0.10"), ipaddress.ip_address("2001:db8::10")
@@ -34,3 +36,26 @@ def test_a_service_naming_its_own_address_is_not_returned_to_itself() -> None:
     owners = IPOwners()
     assert owners.update("ns/a", age=("1", "a", "ns/a"), lb_ips=[A], external_ips=[A]) == set()
     assert owners.owners[A] == "ns/a"
+
+
+def test_owners_kept_one_claim_at_a_time_equal_the_oldest_claimant_after_every_change() -> None:
+    # Claims come and go in a random order (seeded); after each one the owner of every
+    # address is the oldest of its claimants by (creation, uid, key), as a full election says.
+    rng = random.Random(17)
+    ips = [ipaddress.ip_address(f"198.18.0.{i}") for i in range(1, 5)]
+    ages = {
+        f"ns/s{i}": (f"2026-12-01T10:{rng.randrange(3):02d}", f"u{i}", f"ns/s{i}")
+        for i in range(30)
+    }
+    held: dict[str, set[IPAddress]] = {}
+    owners = IPOwners()
+    for step in range(600):
+        key = rng.choice(sorted(ages))
+        held[key] = set(rng.sample(ips, rng.randrange(3)))
+        owners.update(key, age=ages[key], lb_ips=held[key])
+        expected = {
+            ip: min((k for k, h in held.items() if ip in h), key=lambda k: ages[k])
+            for ip in ips
+            if any(ip in h for h in held.values())
+        }
+        assert dict(owners.owners) == expected, f"step {step}"

@@ -52,6 +52,9 @@ class _Sink:
     def close(self) -> None:
         pass
 
+    def wait_room(self, timeout: float) -> bool:
+        return True
+
 
 class _CrashingController:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -65,10 +68,11 @@ class _CrashingController:
 
 
 def test_nodelb_controller_exits_1_when_its_loop_crashes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "api_client", lambda *a, **k: object())
-    monkeypatch.setattr(cli, "KubeEventSink", _Sink)
-    monkeypatch.setattr(cli, "KubeControllerAPI", lambda api: None)
-    monkeypatch.setattr(cli, "Controller", _CrashingController)
+    # `nodelb controller` imports its parts when it runs: patched where they live.
+    monkeypatch.setattr("agent.kube.client.api_client", lambda *a, **k: object())
+    monkeypatch.setattr("agent.kube.event_sender.KubeEventSink", _Sink)
+    monkeypatch.setattr("agent.controller.api.KubeControllerAPI", lambda api: None)
+    monkeypatch.setattr("agent.controller.loop.Controller", _CrashingController)
     monkeypatch.setattr(cli, "stop_on_signals", lambda stop, log: None)
     monkeypatch.setattr(logs, "setup", lambda *a: None)
     assert cli.main(["controller", "--metrics-address=127.0.0.1:0"]) == 1

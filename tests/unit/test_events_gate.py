@@ -217,24 +217,53 @@ def test_drain_returns_what_still_waits() -> None:
 
 
 @dataclass
+class RawAnswer:
+    """A raw response (`_preload_content=False`): its connection is held until released."""
+
+    api: FakeEvents
+    data: bytes = b"{}"
+
+    def release_conn(self) -> None:
+        with self.api.lock:
+            self.api.held -= 1
+
+
+@dataclass
 class FakeEvents:
-    """The Event part of CoreV1Api, in memory: creates, patches, and refusals on demand."""
+    """The Event part of CoreV1Api, in memory: creates, patches, and refusals on demand.
+    `held` counts the connections answers still hold (a raw answer keeps its connection until
+    it is released)."""
 
     objects: dict[str, dict[str, Any]] = field(default_factory=dict)
     writes: list[str] = field(default_factory=list)
     refuse: bool = False
+    held: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def create_namespaced_event(self, namespace: str, *, body: Any) -> None:
+    def answer(self) -> RawAnswer:
+        with self.lock:
+            self.held += 1
+        return RawAnswer(self)
+
+    def create_namespaced_event(
+        self, namespace: str, *, body: Any, _preload_content: bool = True
+    ) -> RawAnswer:
         with self.lock:
             self.writes.append("create")
             if self.refuse:
                 raise RuntimeError("apiserver says no")
             self.objects[body["metadata"]["name"]] = body
+        return self.answer()
 
     def patch_namespaced_event(
-        self, name: str, namespace: str, *, body: Any, _content_type: str
-    ) -> None:
+        self,
+        name: str,
+        namespace: str,
+        *,
+        body: Any,
+        _content_type: str,
+        _preload_content: bool = True,
+    ) -> RawAnswer:
         with self.lock:
             self.writes.append("patch")
             if name not in self.objects:
@@ -242,6 +271,7 @@ class FakeEvents:
                 exc.status = 404  # type: ignore[attr-defined]
                 raise exc
             self.objects[name].update(body)
+        return self.answer()
 
     def total(self) -> int:
         with self.lock:
@@ -343,3 +373,84 @@ def test_the_thread_writes_what_is_recorded_and_flushes_held_repeats_on_close() 
     finally:
         sink.close()
     assert len(api.objects) == 1
+
+
+# -- a bulk start: flow control and concurrent writes ----------------------------------------
+
+
+def allocated(i: int) -> Event:
+    """Return Service i's allocation Event: one distinct Event per Service, nothing folds."""
+    ref = ObjectRef(kind="Service", namespace="ns", name=f"svc-{i}", uid=f"u{i}")
+    return Event(ref, "Normal", "IPAllocated", f"allocated 198.19.0.{i % 250}")
+
+
+def test_a_bulk_start_without_flow_control_overflows_the_queue_and_counts_it() -> None:
+    # The failure the flow control exists for: 10x the bound, recorded faster than written.
+    api, clock = FakeEvents(), Clock()
+    sink = sink_with(api, clock, max_pending=50)
+    full = sample("nodelb_events_dropped_total", reason="queue_full")
+    for i in range(500):
+        sink.record(allocated(i))
+    assert sample("nodelb_events_dropped_total", reason="queue_full") - full == 450
+
+
+def test_a_bulk_start_that_waits_for_room_loses_no_event() -> None:
+    api = FakeEvents()
+    sink = KubeEventSink(api, component="nodelb-controller", host="c", max_pending=50, senders=4)
+    full = sample("nodelb_events_dropped_total", reason="queue_full")
+    sink.run()
+    try:
+        for i in range(2000):
+            assert sink.wait_room(10.0), f"no room after 10 s at Event {i}"
+            sink.record(allocated(i))
+        wait_until(lambda: len(api.objects) == 2000, 10, "2000 Events created")
+    finally:
+        sink.close()
+    assert sample("nodelb_events_dropped_total", reason="queue_full") == full
+    assert api.writes.count("create") == 2000 and api.total() == 2000
+    # Every answer gave its connection back: unreleased, they drain the client's pool and
+    # every later request opens a new TLS connection.
+    assert api.held == 0
+
+
+def test_wait_room_says_false_when_the_queue_stays_full_and_true_once_it_drains() -> None:
+    api, clock = FakeEvents(), Clock()
+    sink = sink_with(api, clock, max_pending=10, room_below=3)
+    for i in range(3):
+        sink.record(allocated(i))
+    assert sink.wait_room(0.01) is False  # three waiting, room only below three
+    sink.send_ready()
+    assert sink.wait_room(0.0) is True
+    sink.close()
+    assert sink.wait_room(0.0) is False  # a stopped sink has no room to offer
+
+
+@dataclass
+class RendezvousEvents(FakeEvents):
+    """Creates return only once `parties` of them are in flight together."""
+
+    parties: int = 4
+    barrier: threading.Barrier = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.barrier = threading.Barrier(self.parties, timeout=10)
+
+    def create_namespaced_event(
+        self, namespace: str, *, body: Any, _preload_content: bool = True
+    ) -> RawAnswer:
+        self.barrier.wait()  # serial writes would break it (BrokenBarrierError: a refusal)
+        return super().create_namespaced_event(namespace, body=body)
+
+
+def test_the_sender_writes_a_backlog_over_concurrent_requests() -> None:
+    api = RendezvousEvents(parties=4)
+    sink = KubeEventSink(api, component="nodelb-controller", host="c", senders=4)
+    errors = sample("nodelb_events_dropped_total", reason="api_error")
+    for i in range(8):
+        sink.record(allocated(i))
+    sink.run()
+    try:
+        wait_until(lambda: len(api.objects) == 8, 15, "8 Events created four at a time")
+    finally:
+        sink.close()
+    assert sample("nodelb_events_dropped_total", reason="api_error") == errors
