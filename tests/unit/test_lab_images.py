@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lab import images
 from lab.binaries import read_versions
@@ -164,8 +165,14 @@ def nodelb_archive(repo: Path) -> Path:
 
 
 def daemonset_image() -> str:
-    text = (ROOT / "deploy" / "daemonset.yaml").read_text()
-    references: set[str] = set(re.findall(r"^\s*image:\s*(\S+)", text, flags=re.MULTILINE))
+    """Return the one image deploy/daemonset.yaml runs, read as YAML (helm quotes it)."""
+    docs = yaml.safe_load_all((ROOT / "deploy" / "daemonset.yaml").read_text())
+    references: set[str] = {
+        str(c["image"])
+        for d in docs
+        if d and d.get("kind") in {"DaemonSet", "Deployment"}
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
     (reference,) = references
     return reference
 
